@@ -1,0 +1,98 @@
+"""The UNet architectures of SD 1.5, SD 2.1 and SDXL, built from their configs with random weights.
+
+Nothing is downloaded: benchmarks and tests build the real diffusers ``UNet2DConditionModel`` classes
+from the configs of the published checkpoints (``small=True`` shrinks widths and depths, keeping the
+block structure, for fast tests). Used by the CLI and tests only; the core never imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_SD15: dict[str, Any] = {
+    "sample_size": 64,
+    "in_channels": 4,
+    "out_channels": 4,
+    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+    "block_out_channels": [320, 640, 1280, 1280],
+    "layers_per_block": 2,
+    "attention_head_dim": 8,
+    "cross_attention_dim": 768,
+}
+_SD21: dict[str, Any] = {
+    **_SD15,
+    "sample_size": 96,
+    "attention_head_dim": [5, 10, 20, 20],
+    "cross_attention_dim": 1024,
+    "use_linear_projection": True,
+    "upcast_attention": True,
+}
+_SDXL: dict[str, Any] = {
+    "sample_size": 128,
+    "in_channels": 4,
+    "out_channels": 4,
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+    "block_out_channels": [320, 640, 1280],
+    "layers_per_block": 2,
+    "transformer_layers_per_block": [1, 2, 10],
+    "attention_head_dim": [5, 10, 20],
+    "cross_attention_dim": 2048,
+    "use_linear_projection": True,
+    "addition_embed_type": "text_time",
+    "addition_time_embed_dim": 256,
+    "projection_class_embeddings_input_dim": 2816,
+}
+_SMALL: dict[str, dict[str, Any]] = {
+    "sd15": {"block_out_channels": [32, 64, 64, 64], "layers_per_block": 1, "attention_head_dim": 8, "cross_attention_dim": 32},
+    "sd21": {"block_out_channels": [32, 64, 64, 64], "layers_per_block": 1, "attention_head_dim": [2, 4, 4, 4], "cross_attention_dim": 32},
+    "sdxl": {
+        "block_out_channels": [32, 64, 64],
+        "layers_per_block": 1,
+        "transformer_layers_per_block": [1, 1, 2],
+        "attention_head_dim": [2, 4, 4],
+        "cross_attention_dim": 32,
+        "addition_time_embed_dim": 8,
+        "projection_class_embeddings_input_dim": 32 + 6 * 8,
+    },
+}
+CONFIGS: dict[str, dict[str, Any]] = {"sd15": _SD15, "sd21": _SD21, "sdxl": _SDXL}
+
+
+def unet_config(name: str, small: bool = False) -> dict[str, Any]:
+    if name not in CONFIGS:
+        raise ValueError(f"model must be one of {', '.join(CONFIGS)}, got {name!r}")
+    return {**CONFIGS[name], **(_SMALL[name] if small else {})}
+
+
+def build_unet(name: str, small: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A diffusers ``UNet2DConditionModel`` with the architecture of ``name`` and seeded random weights."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(**unet_config(name, small)).eval()
+    return unet if dtype == torch.float32 else unet.to(dtype)
+
+
+def unet_inputs(
+    unet: torch.nn.Module, height: int, width: int, batch: int = 2, seed: int = 0, text_tokens: int = 77
+) -> dict[str, Any]:
+    """Keyword inputs for one UNet forward at a (height, width) latent: sample, timestep, text (and SDXL's extras)."""
+    config = unet.config
+    g = torch.Generator().manual_seed(seed)
+    dtype = unet.dtype
+    inputs: dict[str, Any] = {
+        "sample": torch.randn(batch, config.in_channels, height, width, generator=g).to(dtype),
+        "timestep": torch.tensor(500),
+        "encoder_hidden_states": torch.randn(batch, text_tokens, config.cross_attention_dim, generator=g).to(dtype),
+    }
+    if config.addition_embed_type == "text_time":
+        text_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
+        inputs["added_cond_kwargs"] = {
+            "text_embeds": torch.randn(batch, text_dim, generator=g).to(dtype),
+            "time_ids": torch.tensor([[height * 8, width * 8, 0, 0, height * 8, width * 8]] * batch, dtype=dtype),
+        }
+    return inputs

@@ -1,0 +1,94 @@
+"""The validated option set of one patch.
+
+Arguments are checked once, here, so the hot path (hooks run for every block at every step) can trust
+them. Every error names the argument and the values it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= 1, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TokenMergeConfig:
+    """Options of ToMe for SD, with tomesd 0.1.3's names and defaults (except ``max_downsample``).
+
+    - ratio: fraction of a block's tokens merged away, in [0, 1). At most ``1 - 1/(sx*sy)`` can be
+      reached (one destination token is kept per sx×sy window); more is clamped with a warning.
+    - max_downsample: merge only in blocks whose latent is downsampled at most this much (1, 2, 4,
+      8, ...). ``None`` means the highest-resolution level that has attention: 1 on SD 1.x/2.x, 2 on
+      SDXL (whose top level has no attention, so tomesd's default of 1 does nothing there).
+    - sx, sy: window of the destination grid, in tokens.
+    - use_rand: pick the destination token of each window at random (derived from ``seed``, the
+      block and the timestep; see ``tokenmerge.matching.random_partition``) instead of top-left.
+    - merge_attn / merge_crossattn / merge_mlp: which sub-layers run on the merged tokens.
+    - seed: seed of the random partition. ``None`` means 0: results never depend on earlier calls.
+    """
+
+    ratio: float = 0.5
+    max_downsample: int | None = None
+    sx: int = 2
+    sy: int = 2
+    use_rand: bool = True
+    merge_attn: bool = True
+    merge_crossattn: bool = False
+    merge_mlp: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        ratio = self.ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+            raise TypeError(f"ratio must be a number in [0, 1), got {ratio!r}")
+        if math.isnan(ratio) or not 0 <= ratio < 1:
+            raise ValueError(f"ratio must be a number in [0, 1), got {ratio!r}")
+        object.__setattr__(self, "ratio", float(ratio))
+        _check_positive_int("sx", self.sx)
+        _check_positive_int("sy", self.sy)
+        md = self.max_downsample
+        if md is not None:
+            if isinstance(md, bool) or not isinstance(md, int) or md < 1 or md & (md - 1):
+                raise ValueError(
+                    f"max_downsample must be None (auto) or a power of two such as 1, 2, 4 or 8, got {md!r}"
+                )
+        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp"):
+            _check_bool(name, getattr(self, name))
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise TypeError(f"seed must be None or an int, got {self.seed!r}")
+
+    @property
+    def max_ratio(self) -> float:
+        """The largest ratio the sx×sy destination grid can reach: all but one token per window."""
+        return 1.0 - 1.0 / (self.sx * self.sy)
+
+    @property
+    def effective_seed(self) -> int:
+        return 0 if self.seed is None else self.seed
+
+    def replace(self, **changes: Any) -> TokenMergeConfig:
+        check_option_names(changes)
+        return dataclasses.replace(self, **changes)
+
+
+OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TokenMergeConfig))
+
+
+def check_option_names(options: dict[str, Any]) -> None:
+    """Reject unknown keywords with the list of valid ones (a typo must not be ignored)."""
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; valid options are: {', '.join(OPTION_NAMES)}")

@@ -1,0 +1,155 @@
+"""Install and remove the hooks of one patch; warn where a patch would silently do little."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+import torch
+
+from .adapters import DenoiserLayout, find_denoisers, patch_root
+from .config import TokenMergeConfig, check_option_names
+from .hooks import (
+    STATE_ATTR,
+    BlockState,
+    CaptureGrid,
+    CaptureTimestep,
+    DenoiserState,
+    GridState,
+    MergeInput,
+    PlanMerge,
+    SubLayerState,
+    UnmergeOutput,
+)
+from .matching import hash_ints
+
+# Sub-layers wrapped per block, with the option that merges their tokens.
+_SUBLAYERS = (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merge_mlp"))
+_SELF_ATTN_MASK_KWARGS = ("attention_mask", "mask")
+
+
+def _install(layout: DenoiserLayout, config: TokenMergeConfig) -> DenoiserState:
+    state = DenoiserState(config=config, top_level=layout.top_level, timestep_arg=layout.timestep_arg())
+    handles = state.handles
+    if state.timestep_arg is not None:
+        handles.append(layout.root.register_forward_pre_hook(CaptureTimestep(state), with_kwargs=True))
+    for container in layout.containers:
+        grid = GridState()
+        handles.append(container.module.register_forward_pre_hook(CaptureGrid(grid), with_kwargs=True))
+        for block in container.blocks:
+            index = len(state.blocks)
+            block_state = BlockState(state, grid, container.level, hash_ints(0x70E, index), index)
+            state.blocks.append(block_state)
+            handles.append(block.register_forward_pre_hook(PlanMerge(block_state), with_kwargs=True))
+            for name, option in _SUBLAYERS:
+                sublayer = getattr(block, name, None)
+                if sublayer is None:
+                    continue
+                shared = SubLayerState()
+                mask_kwarg = _mask_kwarg(sublayer) if name == "attn1" else None
+                handles.append(
+                    sublayer.register_forward_pre_hook(MergeInput(block_state, shared, option, mask_kwarg), with_kwargs=True)
+                )
+                handles.append(sublayer.register_forward_hook(UnmergeOutput(shared)))
+    setattr(layout.root, STATE_ATTR, state)
+    return state
+
+
+def _mask_kwarg(attention: torch.nn.Module) -> str | None:
+    """The keyword under which this attention class takes a mask over its (query and key) tokens."""
+    params = inspect.signature(attention.forward).parameters
+    return next((name for name in _SELF_ATTN_MASK_KWARGS if name in params), None)
+
+
+def _states(model: Any) -> list[tuple[torch.nn.Module, DenoiserState]]:
+    roots: list[torch.nn.Module] = []
+    if hasattr(model, "components"):
+        roots = [m for m in model.components.values() if isinstance(m, torch.nn.Module)]
+    elif isinstance(model, torch.nn.Module):
+        roots = [model]
+    return [(m, s) for root in roots for m in root.modules() if isinstance(s := getattr(m, STATE_ATTR, None), DenoiserState)]
+
+
+def _warn_if_ineffective(states: list[DenoiserState], config: TokenMergeConfig) -> None:
+    if config.ratio > config.max_ratio:
+        warnings.warn(
+            f"tokenmerge: ratio={config.ratio} exceeds the reachable maximum 1 - 1/(sx*sy) = {config.max_ratio:g} "
+            f"for sx={config.sx}, sy={config.sy}; the effective ratio is {config.max_ratio:g}",
+            stacklevel=3,
+        )
+    if not any(s.merged_blocks() for s in states):
+        levels = sorted({b.level for s in states for b in s.blocks})
+        warnings.warn(
+            f"tokenmerge: no transformer block is merged: max_downsample={config.max_downsample} but this model's "
+            f"attention blocks sit at downsampling factors {levels}; use max_downsample=None (auto) or >= {levels[0]}",
+            stacklevel=3,
+        )
+
+
+def apply_patch(
+    model: Any,
+    ratio: float = 0.5,
+    max_downsample: int | None = None,
+    sx: int = 2,
+    sy: int = 2,
+    use_rand: bool = True,
+    merge_attn: bool = True,
+    merge_crossattn: bool = False,
+    merge_mlp: bool = False,
+    *,
+    seed: int | None = None,
+    **unknown: Any,
+) -> Any:
+    """Patch ``model`` in place with Token Merging and return it (tomesd 0.1.3's signature and defaults,
+    except ``max_downsample=None``: the highest-resolution level that has attention).
+
+    ``model``: a diffusers pipeline (its UNet and every ControlNet are patched), a diffusers model with
+    ``BasicTransformerBlock``s, the webui's latent-diffusion object or an ldm/sgm ``UNetModel``.
+    Patching again replaces the previous patch. See :class:`tokenmerge.TokenMergeConfig` for the options.
+    """
+    check_option_names(unknown)
+    config = TokenMergeConfig(
+        ratio=ratio,
+        max_downsample=max_downsample,
+        sx=sx,
+        sy=sy,
+        use_rand=use_rand,
+        merge_attn=merge_attn,
+        merge_crossattn=merge_crossattn,
+        merge_mlp=merge_mlp,
+        seed=seed,
+    )
+    layouts = find_denoisers(model)
+    remove_patch(model)
+    states = [_install(layout, config) for layout in layouts]
+    _warn_if_ineffective(states, config)
+    return model
+
+
+def remove_patch(model: Any) -> Any:
+    """Undo :func:`apply_patch`: every hook and attribute it added is removed. Returns what tomesd's
+    ``remove_patch`` returns (a pipeline's ``unet``, else ``model``). A model without a patch is left as is."""
+    for root, state in _states(model):
+        for handle in state.handles:
+            handle.remove()
+        delattr(root, STATE_ATTR)
+    return patch_root(model)
+
+
+def update_options(model: Any, **changes: Any) -> TokenMergeConfig:
+    """Change options of a patched model (ratio, seed, ...) without re-patching; returns the new config."""
+    states = [s for _, s in _states(model)]
+    if not states:
+        raise ValueError(f"{type(model).__name__} is not patched by tokenmerge; call tokenmerge.apply_patch first")
+    config = states[0].config.replace(**changes)
+    for state in states:
+        state.config = config
+    _warn_if_ineffective(states, config)
+    return config
+
+
+def get_config(model: Any) -> TokenMergeConfig | None:
+    """The options a model is patched with, or ``None`` if it is not patched."""
+    states = _states(model)
+    return states[0][1].config if states else None
