@@ -58,7 +58,7 @@ def grid_partition(
     hsy, wsx = h // sy, w // sx
     if offsets is None:
         offsets = torch.zeros(1, hsy * wsx, dtype=torch.int64, device=device)
-    offsets = offsets.view(-1, hsy, wsx)
+    offsets = offsets.view(offsets.shape[0], hsy, wsx)
     rows = torch.arange(hsy, device=device)[:, None] * sy + offsets // sx
     cols = torch.arange(wsx, device=device)[None, :] * sx + offsets % sx
     dst = (rows * w + cols).flatten(1)
@@ -114,11 +114,11 @@ def bipartite_soft_matching(
 
     ``metric`` is (B, N, C); ``src_pos``/``dst_pos`` come from :func:`grid_partition` (one row
     shared by the batch, or one per sample). ``r`` is clamped to the number of sources. Returns
-    ``None`` when nothing is merged.
+    ``None`` when nothing is merged (also when the grid is smaller than one window).
     """
     b, n, _ = metric.shape
     r = min(r, src_pos.shape[1])
-    if r <= 0:
+    if r <= 0 or dst_pos.shape[1] == 0:
         return None
     with torch.no_grad():
         metric = metric / metric.norm(dim=-1, keepdim=True)

@@ -1,0 +1,97 @@
+"""Shared builders: real model classes (diffusers, ldm) with random weights, small unless marked slow."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from tokenmerge.architectures import build_unet, unet_inputs
+
+torch.set_num_threads(max(1, torch.get_num_threads()))
+
+# SD 1.5's ldm UNetModel parameters (v1-inference.yaml), and a narrow variant with the same structure.
+LDM_SD15 = dict(
+    image_size=32,
+    in_channels=4,
+    out_channels=4,
+    model_channels=320,
+    attention_resolutions=[4, 2, 1],
+    num_res_blocks=2,
+    channel_mult=[1, 2, 4, 4],
+    num_heads=8,
+    use_spatial_transformer=True,
+    transformer_depth=1,
+    context_dim=768,
+    use_checkpoint=True,
+    legacy=False,
+)
+LDM_SMALL = {**LDM_SD15, "model_channels": 32, "num_res_blocks": 1, "num_heads": 2, "context_dim": 32}
+
+
+def reinit_zeroed(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """ldm zero-initialises output layers; give them random weights or every comparison passes trivially."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() > 1 and not p.any():
+                fan_in = p[0].numel()
+                p.uniform_(-1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in), generator=g)
+    return module
+
+
+def build_ldm_unet(small: bool = True, seed: int = 0) -> torch.nn.Module:
+    from ldm.modules.diffusionmodules.openaimodel import UNetModel
+
+    torch.manual_seed(seed)
+    return reinit_zeroed(UNetModel(**(LDM_SMALL if small else LDM_SD15)), seed).eval()
+
+
+def ldm_inputs(h: int, w: int, batch: int = 2, seed: int = 0, context_dim: int = 32) -> tuple[torch.Tensor, ...]:
+    """Positional inputs of an ldm ``UNetModel``: (x, timesteps, context)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 4, h, w, generator=g)
+    return x, torch.full((batch,), 500.0), torch.randn(batch, 77, context_dim, generator=g)
+
+
+@pytest.fixture(scope="session")
+def sd15_small() -> torch.nn.Module:
+    return build_unet("sd15", small=True)
+
+
+@pytest.fixture(scope="session")
+def sdxl_small() -> torch.nn.Module:
+    return build_unet("sdxl", small=True)
+
+
+@pytest.fixture(scope="session")
+def ldm_small() -> torch.nn.Module:
+    return build_ldm_unet(small=True)
+
+
+def sd_inputs(unet: torch.nn.Module, h: int = 16, w: int = 16, batch: int = 2, seed: int = 0) -> dict:
+    return unet_inputs(unet, h, w, batch=batch, seed=seed, text_tokens=7)
+
+
+@contextlib.contextmanager
+def attn1_token_counts(model: torch.nn.Module) -> Iterator[list[int]]:
+    """Record how many tokens every self-attention (attn1) receives while the context is open."""
+    counts: list[int] = []
+    handles = [
+        m.attn1.register_forward_pre_hook(lambda mod, args, kwargs: counts.append(args[0].shape[1]), with_kwargs=True)
+        for m in model.modules()
+        if type(m).__name__ == "BasicTransformerBlock"
+    ]
+    try:
+        yield counts
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| relative to the output scale (max |b|)."""
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()

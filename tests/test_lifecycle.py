@@ -1,0 +1,113 @@
+"""Patching is reversible, repeatable, serialisable and leaves the model's parameters alone."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import torch
+
+import tokenmerge
+from conftest import attn1_token_counts, sd_inputs
+
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs")
+
+
+def _hook_count(model: torch.nn.Module) -> int:
+    return sum(len(getattr(m, name)) for m in model.modules() for name in HOOK_DICTS)
+
+
+def _run(unet, inputs):
+    with torch.no_grad():
+        return unet(**inputs).sample
+
+
+def test_remove_restores_bit_identical_outputs_and_leaves_nothing_behind(sd15_small):
+    inputs = sd_inputs(sd15_small)
+    vanilla = _run(sd15_small, inputs)
+    attrs = {id(m): set(vars(m)) for m in sd15_small.modules()}
+    classes = {id(m): type(m) for m in sd15_small.modules()}
+    hooks = _hook_count(sd15_small)
+    tokenmerge.apply_patch(sd15_small, ratio=0.5)
+    assert _hook_count(sd15_small) > hooks
+    assert not torch.equal(_run(sd15_small, inputs), vanilla)
+    tokenmerge.remove_patch(sd15_small)
+    assert torch.equal(_run(sd15_small, inputs), vanilla)
+    assert _hook_count(sd15_small) == hooks
+    assert {id(m): set(vars(m)) for m in sd15_small.modules()} == attrs
+    assert {id(m): type(m) for m in sd15_small.modules()} == classes
+    assert tokenmerge.get_config(sd15_small) is None
+    tokenmerge.remove_patch(sd15_small)  # removing twice is harmless
+
+
+def test_apply_twice_equals_once_with_the_new_arguments(sd15_small):
+    inputs = sd_inputs(sd15_small)
+    tokenmerge.apply_patch(sd15_small, ratio=0.3)
+    hooks = _hook_count(sd15_small)
+    tokenmerge.apply_patch(sd15_small, ratio=0.6, seed=1)
+    assert _hook_count(sd15_small) == hooks
+    twice = _run(sd15_small, inputs)
+    tokenmerge.remove_patch(sd15_small)
+    tokenmerge.apply_patch(sd15_small, ratio=0.6, seed=1)
+    assert torch.equal(_run(sd15_small, inputs), twice)
+    tokenmerge.remove_patch(sd15_small)
+
+
+def test_options_change_between_calls_without_repatching(sd15_small):
+    inputs = sd_inputs(sd15_small)
+    tokenmerge.apply_patch(sd15_small, ratio=0.25)
+    tokenmerge.update_options(sd15_small, ratio=0.5)
+    with attn1_token_counts(sd15_small) as counts:
+        updated = _run(sd15_small, inputs)
+    assert 128 in counts
+    tokenmerge.apply_patch(sd15_small, ratio=0.5)
+    assert torch.equal(_run(sd15_small, inputs), updated)
+    tokenmerge.update_options(sd15_small, max_downsample=8)
+    with attn1_token_counts(sd15_small) as counts:
+        _run(sd15_small, inputs)
+    assert 32 in counts  # the level-2 blocks (8x8) merge now too
+    tokenmerge.remove_patch(sd15_small)
+
+
+def test_state_dict_keys_and_dtype_moves_are_unaffected(sd15_small):
+    keys = list(sd15_small.state_dict())
+    tokenmerge.apply_patch(sd15_small)
+    assert list(sd15_small.state_dict()) == keys
+    sd15_small.load_state_dict(sd15_small.state_dict())
+    sd15_small.to(torch.bfloat16)
+    try:
+        out = _run(sd15_small, sd_inputs(sd15_small))
+        assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    finally:
+        sd15_small.to(torch.float32)
+        tokenmerge.remove_patch(sd15_small)
+
+
+def test_patched_model_survives_deepcopy_and_torch_save(sd15_small):
+    inputs = sd_inputs(sd15_small)
+    tokenmerge.apply_patch(sd15_small, ratio=0.5, seed=7)
+    patched = _run(sd15_small, inputs)
+    copied = copy.deepcopy(sd15_small)
+    buffer = io.BytesIO()
+    torch.save(sd15_small, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    tokenmerge.remove_patch(sd15_small)
+    for clone in (copied, loaded):
+        assert torch.equal(_run(clone, inputs), patched)
+        assert tokenmerge.get_config(clone).seed == 7
+        tokenmerge.update_options(clone, ratio=0.25)  # each clone has its own state
+        assert tokenmerge.get_config(sd15_small) is None
+        tokenmerge.remove_patch(clone)
+        assert _hook_count(clone) == _hook_count(sd15_small)
+
+
+def test_tomesd_code_runs_unchanged(sd15_small):
+    import tokenmerge as tomesd
+
+    inputs = sd_inputs(sd15_small)
+    vanilla = _run(sd15_small, inputs)
+    model = tomesd.apply_patch(sd15_small, ratio=0.5, max_downsample=1, sx=2, sy=2, use_rand=True, merge_attn=True, merge_crossattn=False, merge_mlp=False)
+    assert model is sd15_small
+    assert tomesd.remove_patch(sd15_small) is sd15_small
+    assert torch.equal(_run(sd15_small, inputs), vanilla)
