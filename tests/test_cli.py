@@ -1,0 +1,29 @@
+"""``tokenmerge bench`` end to end, on the narrow SD 1.5 variant."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tokenmerge.cli import main
+
+
+def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--small", "--sizes", "128", "--repeats", "1", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "vanilla" in table and "tomesd 0.1.3 r=0.5" in table and "tokenmerge r=0.5" in table
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["variant"] for r in rows} == {"vanilla", "tomesd 0.1.3 r=0.5", "tokenmerge r=0.5"}
+    vanilla = next(r for r in rows if r["variant"] == "vanilla")
+    assert vanilla["speedup"] == 1.0 and vanilla["rel_l2"] == 0.0
+    ours = next(r for r in rows if r["variant"] == "tokenmerge r=0.5")
+    assert 0 < ours["rel_l2"] < 0.5 and ours["median_s"] > 0
+
+
+@pytest.mark.parametrize("argv", [["bench", "--sizes", "500"], ["bench", "--model", "sd3"]])
+def test_bench_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "tokenmerge bench: error" in capsys.readouterr().err
