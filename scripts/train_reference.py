@@ -109,7 +109,10 @@ def train(args: argparse.Namespace) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     deadline = time.monotonic() + args.minutes * 60
     losses: list[tuple[int, float]] = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     running, step, started = 0.0, 0, time.monotonic()
+    next_checkpoint = started + args.checkpoint_minutes * 60
     while step < args.steps and time.monotonic() < deadline:
         x0, labels = random_crops(images, args.batch, args.res, g)
         labels = torch.where(torch.rand(args.batch, generator=g) < args.cond_dropout, model.null_class, labels)
@@ -135,9 +138,10 @@ def train(args: argparse.Namespace) -> None:
             losses.append((step, running / args.log_every))
             print(f"step {step}  loss {running / args.log_every:.4f}  {time.monotonic() - started:.0f} s", flush=True)
             running = 0.0
+        if time.monotonic() > next_checkpoint:  # intermediate weights, to inspect a long run
+            save_reference(ema, out.with_suffix(".partial.safetensors"), {"steps": step, "train_res": args.res, "seed": args.seed})
+            next_checkpoint += args.checkpoint_minutes * 60
     elapsed = time.monotonic() - started
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     save_reference(ema, out, {"steps": step, "train_res": args.res, "seed": args.seed})
     (out.parent / "loss_curve.json").write_text(json.dumps({"step_loss": losses}, indent=1))
     ema.eval()
@@ -183,14 +187,15 @@ def main() -> None:
     parser.add_argument("--out", default="src/tokenmerge/assets/reference.safetensors")
     parser.add_argument("--minutes", type=float, default=55.0, help="stop after this much wall time")
     parser.add_argument("--steps", type=int, default=10**9, help="stop after this many steps")
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--res", type=int, default=32, help="training resolution")
     parser.add_argument("--sample-res", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--ema", type=float, default=0.999)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--ema", type=float, default=0.995)
     parser.add_argument("--cond-dropout", type=float, default=0.15)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--checkpoint-minutes", type=float, default=10.0, help="write <out>.partial.safetensors this often")
     parser.add_argument("--max-images", type=int, default=0, help="use only the first N photographs (smoke tests)")
     parser.add_argument("--no-samples", dest="samples", action="store_false", help="skip the sample grid")
     train(parser.parse_args())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,15 @@ class TokenMergeConfig:
     def max_ratio(self) -> float:
         """The largest ratio the sx×sy destination grid can reach: all but one token per window."""
         return 1.0 - 1.0 / (self.sx * self.sy)
+
+    def warn_if_capped(self, stacklevel: int = 3) -> None:
+        """Warn (never cap silently) when ``ratio`` exceeds what the destination grid can reach."""
+        if self.ratio > self.max_ratio:
+            warnings.warn(
+                f"tokenmerge: ratio={self.ratio} exceeds the reachable maximum 1 - 1/(sx*sy) = {self.max_ratio:g} "
+                f"for sx={self.sx}, sy={self.sy}; the effective ratio is {self.max_ratio:g}",
+                stacklevel=stacklevel,
+            )
 
     @property
     def effective_seed(self) -> int:

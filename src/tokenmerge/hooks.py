@@ -23,7 +23,8 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from .config import TokenMergeConfig
-from .matching import MergePlan, bipartite_soft_matching, grid_partition, hash32, random_offsets
+from .matching import MergePlan
+from .planning import plan_merge
 
 STATE_ATTR = "_tokenmerge_state"
 
@@ -78,7 +79,7 @@ class BlockState:
     denoiser: DenoiserState
     grid: GridState
     level: int
-    key: int  # hash of (seed-independent) block index, for the random partition
+    key: int  # hash of the block's index, for the random partition
     index: int
     plan: MergePlan | None = None
     chunk_cursor: int = 0
@@ -118,21 +119,6 @@ class CaptureGrid:
         self.grid.size = (x.shape[-2], x.shape[-1]) if x is not None and x.ndim == 4 else None
 
 
-def _timestep_keys(block: BlockState, batch: int, device: torch.device) -> torch.Tensor:
-    """One 32-bit key per sample from (seed, block, timestep): equal timesteps share a partition."""
-    state = block.denoiser
-    base = torch.tensor([block.key ^ state.config.effective_seed], device=device, dtype=torch.int64)
-    t = state.timestep
-    if t is None:
-        return hash32(base)
-    t = t.flatten().to(device)
-    if t.numel() != 1:
-        t = t.repeat_interleave(batch // t.numel()) if batch % t.numel() == 0 else t[:1]
-    # Quantise so fractional timesteps (k-diffusion samplers) still give distinct keys.
-    quantised = (t.float() * 64).round().to(torch.int64)
-    return hash32(base ^ hash32(quantised))
-
-
 class PlanMerge:
     """Forward pre-hook on a transformer block: build its merge plan from the block input."""
 
@@ -156,12 +142,7 @@ class PlanMerge:
         if n != h * w:
             block.warn_once(f"got {n} tokens for a {h}x{w} grid; this block is not merged")
             return
-        offsets = None
-        if config.use_rand:
-            keys = _timestep_keys(block, b, x.device)
-            offsets = random_offsets(keys, (h // config.sy) * (w // config.sx), config.sx * config.sy)
-        src, dst = grid_partition(h, w, config.sx, config.sy, offsets, x.device)
-        block.plan = bipartite_soft_matching(x, src, dst, int(n * config.ratio))
+        block.plan = plan_merge(x, h, w, config, block.key, block.denoiser.timestep)
 
 
 @dataclass

@@ -72,12 +72,7 @@ def _states(model: Any) -> list[tuple[torch.nn.Module, DenoiserState]]:
 
 
 def _warn_if_ineffective(states: list[DenoiserState], config: TokenMergeConfig) -> None:
-    if config.ratio > config.max_ratio:
-        warnings.warn(
-            f"tokenmerge: ratio={config.ratio} exceeds the reachable maximum 1 - 1/(sx*sy) = {config.max_ratio:g} "
-            f"for sx={config.sx}, sy={config.sy}; the effective ratio is {config.max_ratio:g}",
-            stacklevel=3,
-        )
+    config.warn_if_capped(stacklevel=4)
     if not any(s.merged_blocks() for s in states):
         levels = sorted({b.level for s in states for b in s.blocks})
         warnings.warn(

@@ -23,7 +23,7 @@ UNET_CONFIG: dict[str, Any] = {
     "out_channels": 3,
     "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
     "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
-    "block_out_channels": [64, 128, 128],
+    "block_out_channels": [32, 64, 128],
     "layers_per_block": 1,
     "attention_head_dim": 32,
     "cross_attention_dim": 64,
