@@ -114,7 +114,7 @@ def test_node_options_validate_with_clear_errors(sd15, kwargs, error, match):
 def test_node_declares_its_inputs():
     inputs = TokenMergeNode.INPUT_TYPES()["required"]
     assert inputs["model"] == ("MODEL",)
-    assert set(inputs) == {"model", "ratio", "max_downsample", "sx", "sy", "use_rand", "seed", "merge_crossattn"}
+    assert set(inputs) == {"model", "ratio", "max_downsample", "sx", "sy", "use_rand", "seed", "merge_crossattn", "method", "kv_factor"}
     import comfyui_tokenmerge
 
     assert comfyui_tokenmerge.NODE_CLASS_MAPPINGS["TokenMergingTokenmerge"] is TokenMergeNode

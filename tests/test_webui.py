@@ -113,7 +113,7 @@ def test_extension_replaces_tomesd_and_adds_its_settings(webui_modules):
     for callback in webui_modules.settings_callbacks:
         callback()
     opts = webui_modules.shared.opts
-    assert set(opts.added) == {"tokenmerge_use_rand", "tokenmerge_seed", "tokenmerge_merge_crossattn"}
+    assert set(opts.added) == {f"tokenmerge_{name}" for name in ("method", "kv_factor", "use_rand", "seed", "merge_crossattn")}
     shim = webui_modules.sd_models.tomesd
     assert shim is not None
 
@@ -131,3 +131,8 @@ def test_extension_replaces_tomesd_and_adds_its_settings(webui_modules):
     assert torch.equal(_run(unet, x, t, context), first)  # deterministic, so safe with every sampler
     apply_token_merging(shim, sd_model, 0)
     assert tokenmerge.get_config(sd_model) is None
+    opts.tokenmerge_method = "todo"
+    apply_token_merging(shim, sd_model, 0.5)
+    assert tokenmerge.get_config(sd_model).method == "todo"
+    assert not torch.equal(_run(unet, x, t, context), first)
+    apply_token_merging(shim, sd_model, 0)

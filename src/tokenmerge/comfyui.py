@@ -15,6 +15,9 @@ Differences from the diffusers/ldm hooks, forced by what the patch points see:
   with a warning;
 - ComfyUI has no patch point around the MLP, so ``merge_mlp`` is not offered.
 
+``method="todo"`` (token downsampling) hands attention a downsampled copy of the tokens as keys and
+values through the same attn1 patch point.
+
 The module imports nothing from ComfyUI; ``comfyui_tokenmerge/`` in the repository is the custom-node
 package that exposes :class:`TokenMergeNode` to ComfyUI.
 """
@@ -29,7 +32,7 @@ import torch
 
 from .adapters import ldm
 from .config import TokenMergeConfig
-from .matching import MergePlan, hash_ints
+from .matching import MergePlan, downsample_tokens, hash_ints
 from .planning import plan_merge
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
@@ -81,8 +84,9 @@ class ComfyTokenMerge:
         stage, index = extra_options.get("block", ("input", 0))
         return hash_ints(0x70E, _STAGES.get(stage, 0), index, extra_options.get("block_index", 0))
 
-    def _plan(self, n: torch.Tensor, extra_options: dict[str, Any]) -> MergePlan | None:
-        if self.config.ratio == 0 or n.ndim != 3:
+    def _active_grid(self, n: torch.Tensor, extra_options: dict[str, Any]) -> tuple[int, int] | None:
+        """(h, w) of this block's tokens if the block is at a level that is merged, else None."""
+        if n.ndim != 3:
             return None
         grid = token_grid(extra_options["original_shape"], n.shape[1])
         if grid is None:
@@ -95,14 +99,24 @@ class ComfyTokenMerge:
                 )
             return None
         h, w, level = grid
-        if level > self.merge_level:
-            return None
-        return plan_merge(n, h, w, self.config, self._block_key(extra_options), extra_options.get("sigmas"))
+        return (h, w) if level <= self.merge_level else None
 
     def attn1_patch(self, n: torch.Tensor, context: torch.Tensor, value: torch.Tensor, extra_options: dict[str, Any]):
-        self.plan = plan = self._plan(n, extra_options)
+        self.plan = plan = None
         self.unmerge_attn1 = None
-        if plan is None or not self.config.merge_attn:
+        config = self.config
+        if (config.ratio == 0) if config.method == "tome" else (config.kv_factor == 1):
+            return n, context, value
+        grid = self._active_grid(n, extra_options)
+        if grid is None:
+            return n, context, value
+        if config.method == "todo":
+            if context is not n:  # attn1 attends to a context already (disable_self_attn)
+                return n, context, value
+            kv = downsample_tokens(n, grid[0], grid[1], config.kv_factor, config.kv_interpolation)
+            return n, kv, kv if value is n else value
+        self.plan = plan = plan_merge(n, grid[0], grid[1], config, self._block_key(extra_options), extra_options.get("sigmas"))
+        if plan is None or not config.merge_attn:
             return n, context, value
         merged = plan.merge(n)
         self.unmerge_attn1 = plan
@@ -157,6 +171,8 @@ class TokenMergeNode:
                 "use_rand": ("BOOLEAN", {"default": True}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1}),
                 "merge_crossattn": ("BOOLEAN", {"default": False}),
+                "method": (["tome", "todo"], {"default": "tome"}),
+                "kv_factor": ("INT", {"default": 2, "min": 1, "max": 8, "tooltip": "method todo: key/value downsampling factor"}),
             }
         }
 
@@ -170,6 +186,8 @@ class TokenMergeNode:
         use_rand: bool = True,
         seed: int = 0,
         merge_crossattn: bool = False,
+        method: str = "tome",
+        kv_factor: int = 2,
     ) -> tuple[Any]:
         if max_downsample not in ("auto", "1", "2", "4", "8"):
             raise ValueError(f"max_downsample must be one of auto, 1, 2, 4, 8, got {max_downsample!r}")
@@ -181,6 +199,8 @@ class TokenMergeNode:
             use_rand=use_rand,
             merge_crossattn=merge_crossattn,
             seed=seed,
+            method=method,
+            kv_factor=kv_factor,
         )
         config.warn_if_capped()
         return (patch_model(model, config),)

@@ -25,6 +25,10 @@ def _check_positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
+METHODS = ("tome", "todo")
+KV_INTERPOLATIONS = ("nearest-exact", "nearest", "bilinear", "bicubic", "area")
+
+
 @dataclass(frozen=True)
 class TokenMergeConfig:
     """Options of ToMe for SD, with tomesd 0.1.3's names and defaults (except ``max_downsample``).
@@ -39,6 +43,10 @@ class TokenMergeConfig:
       block and the timestep; see ``tokenmerge.matching.random_partition``) instead of top-left.
     - merge_attn / merge_crossattn / merge_mlp: which sub-layers run on the merged tokens.
     - seed: seed of the random partition. ``None`` means 0: results never depend on earlier calls.
+    - method: ``"tome"`` (token merging, the default) or ``"todo"`` (token downsampling, arXiv
+      2402.13573: queries keep every token, self-attention keys and values come from a copy of the
+      tokens downsampled by ``kv_factor`` with ``kv_interpolation``; no matching, no unmerge;
+      ``ratio``, ``sx``, ``sy``, ``use_rand``, ``seed`` and the ``merge_*`` options do not apply).
     """
 
     ratio: float = 0.5
@@ -50,6 +58,9 @@ class TokenMergeConfig:
     merge_crossattn: bool = False
     merge_mlp: bool = False
     seed: int | None = None
+    method: str = "tome"
+    kv_factor: int = 2
+    kv_interpolation: str = "nearest-exact"
 
     def __post_init__(self) -> None:
         ratio = self.ratio
@@ -70,6 +81,11 @@ class TokenMergeConfig:
             _check_bool(name, getattr(self, name))
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise TypeError(f"seed must be None or an int, got {self.seed!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        _check_positive_int("kv_factor", self.kv_factor)
+        if self.kv_interpolation not in KV_INTERPOLATIONS:
+            raise ValueError(f"kv_interpolation must be one of {', '.join(KV_INTERPOLATIONS)}, got {self.kv_interpolation!r}")
 
     @property
     def max_ratio(self) -> float:
@@ -78,7 +94,7 @@ class TokenMergeConfig:
 
     def warn_if_capped(self, stacklevel: int = 3) -> None:
         """Warn (never cap silently) when ``ratio`` exceeds what the destination grid can reach."""
-        if self.ratio > self.max_ratio:
+        if self.method == "tome" and self.ratio > self.max_ratio:
             warnings.warn(
                 f"tokenmerge: ratio={self.ratio} exceeds the reachable maximum 1 - 1/(sx*sy) = {self.max_ratio:g} "
                 f"for sx={self.sx}, sy={self.sy}; the effective ratio is {self.max_ratio:g}",

@@ -23,7 +23,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from .config import TokenMergeConfig
-from .matching import MergePlan
+from .matching import MergePlan, downsample_tokens
 from .planning import plan_merge
 
 STATE_ATTR = "_tokenmerge_state"
@@ -82,11 +82,12 @@ class BlockState:
     key: int  # hash of the block's index, for the random partition
     index: int
     plan: MergePlan | None = None
+    todo_grid: tuple[int, int] | None = None  # set when method="todo" downsamples this call's keys/values
     chunk_cursor: int = 0
     warned: bool = False
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "plan": None}
+        return {**self.__dict__, "plan": None, "todo_grid": None}
 
     def warn_once(self, message: str) -> None:
         if not self.warned:
@@ -128,9 +129,12 @@ class PlanMerge:
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         block = self.block
         block.plan = None
+        block.todo_grid = None
         block.chunk_cursor = 0
         config = block.denoiser.config
-        if block.level > block.denoiser.merge_level or config.ratio == 0:
+        if block.level > block.denoiser.merge_level:
+            return
+        if (config.ratio == 0) if config.method == "tome" else (config.kv_factor == 1):
             return
         x = first_tensor_arg(args, kwargs, _INPUT_NAMES)
         size = block.grid.size
@@ -142,7 +146,10 @@ class PlanMerge:
         if n != h * w:
             block.warn_once(f"got {n} tokens for a {h}x{w} grid; this block is not merged")
             return
-        block.plan = plan_merge(x, h, w, config, block.key, block.denoiser.timestep)
+        if config.method == "todo":
+            block.todo_grid = (h, w)
+        else:
+            block.plan = plan_merge(x, h, w, config, block.key, block.denoiser.timestep)
 
 
 @dataclass
@@ -194,6 +201,26 @@ class MergeInput:
         start = self.block.chunk_cursor
         self.block.chunk_cursor = (start + b) % plan.batch_size
         return plan.rows(start, start + b)
+
+
+class DownsampleKeysValues:
+    """Forward pre-hook on attn1 for method="todo": keys and values from a downsampled copy of the tokens.
+
+    Passing the copy as the attention's cross-attention input (``encoder_hidden_states`` in diffusers,
+    ``context`` in ldm/sgm) makes the unchanged attention compute K and V from it; queries stay full."""
+
+    def __init__(self, block: BlockState, kv_kwarg: str) -> None:
+        self.block = block
+        self.kv_kwarg = kv_kwarg
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
+        grid = self.block.todo_grid
+        if grid is None or kwargs.get(self.kv_kwarg) is not None:  # attn1 already attends to a context
+            return None
+        config = self.block.denoiser.config
+        x = first_tensor_arg(args, kwargs, _INPUT_NAMES)
+        kv = downsample_tokens(x, grid[0], grid[1], config.kv_factor, config.kv_interpolation)
+        return args, {**kwargs, self.kv_kwarg: kv}
 
 
 class UnmergeOutput:

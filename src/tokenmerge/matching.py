@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 _MASK32 = 0xFFFFFFFF
 _HASH_MULT = 0x45D9F3B
@@ -141,3 +144,13 @@ def bipartite_soft_matching(
         unmerge_idx.scatter_(1, keep_idx, torch.arange(kept, device=metric.device).expand(b, -1))
         unmerge_idx.scatter_(1, src_idx, dst_slot)
     return MergePlan(keep_idx, src_idx, dst_slot, counts[..., None], unmerge_idx)
+
+
+def downsample_tokens(x: torch.Tensor, h: int, w: int, factor: int, mode: str) -> torch.Tensor:
+    """Token downsampling (ToDo): (B, h*w, C) -> (B, ceil(h/f)*ceil(w/f), C) by spatial interpolation."""
+    if factor == 1:
+        return x
+    b, _, c = x.shape
+    grid = x.transpose(1, 2).reshape(b, c, h, w)
+    size = (math.ceil(h / factor), math.ceil(w / factor))
+    return F.interpolate(grid, size=size, mode=mode).flatten(2).transpose(1, 2)

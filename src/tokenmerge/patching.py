@@ -16,6 +16,7 @@ from .hooks import (
     CaptureGrid,
     CaptureTimestep,
     DenoiserState,
+    DownsampleKeysValues,
     GridState,
     MergeInput,
     PlanMerge,
@@ -26,7 +27,8 @@ from .matching import hash_ints
 
 # Sub-layers wrapped per block, with the option that merges their tokens.
 _SUBLAYERS = (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merge_mlp"))
-_SELF_ATTN_MASK_KWARGS = ("attention_mask", "mask")
+_SELF_ATTN_MASK_KWARGS = ("attention_mask", "mask")  # a mask over the (query and key) tokens
+_KV_KWARGS = ("encoder_hidden_states", "context")  # the input keys and values are computed from
 
 
 def _install(layout: DenoiserLayout, config: TokenMergeConfig) -> DenoiserState:
@@ -47,19 +49,22 @@ def _install(layout: DenoiserLayout, config: TokenMergeConfig) -> DenoiserState:
                 if sublayer is None:
                     continue
                 shared = SubLayerState()
-                mask_kwarg = _mask_kwarg(sublayer) if name == "attn1" else None
+                mask_kwarg = _kwarg(sublayer, _SELF_ATTN_MASK_KWARGS) if name == "attn1" else None
                 handles.append(
                     sublayer.register_forward_pre_hook(MergeInput(block_state, shared, option, mask_kwarg), with_kwargs=True)
                 )
                 handles.append(sublayer.register_forward_hook(UnmergeOutput(shared)))
+                kv_kwarg = _kwarg(sublayer, _KV_KWARGS) if name == "attn1" else None
+                if kv_kwarg is not None:
+                    handles.append(sublayer.register_forward_pre_hook(DownsampleKeysValues(block_state, kv_kwarg), with_kwargs=True))
     setattr(layout.root, STATE_ATTR, state)
     return state
 
 
-def _mask_kwarg(attention: torch.nn.Module) -> str | None:
-    """The keyword under which this attention class takes a mask over its (query and key) tokens."""
+def _kwarg(attention: torch.nn.Module, candidates: tuple[str, ...]) -> str | None:
+    """The first of ``candidates`` that this attention class's forward takes as a keyword."""
     params = inspect.signature(attention.forward).parameters
-    return next((name for name in _SELF_ATTN_MASK_KWARGS if name in params), None)
+    return next((name for name in candidates if name in params), None)
 
 
 def _states(model: Any) -> list[tuple[torch.nn.Module, DenoiserState]]:
@@ -94,6 +99,9 @@ def apply_patch(
     merge_mlp: bool = False,
     *,
     seed: int | None = None,
+    method: str = "tome",
+    kv_factor: int = 2,
+    kv_interpolation: str = "nearest-exact",
     **unknown: Any,
 ) -> Any:
     """Patch ``model`` in place with Token Merging and return it (tomesd 0.1.3's signature and defaults,
@@ -101,7 +109,8 @@ def apply_patch(
 
     ``model``: a diffusers pipeline (its UNet and every ControlNet are patched), a diffusers model with
     ``BasicTransformerBlock``s, the webui's latent-diffusion object or an ldm/sgm ``UNetModel``.
-    Patching again replaces the previous patch. See :class:`tokenmerge.TokenMergeConfig` for the options.
+    ``method="todo"`` downsamples self-attention keys/values instead of merging tokens (``kv_factor``,
+    ``kv_interpolation``). Patching again replaces the previous patch. See :class:`tokenmerge.TokenMergeConfig`.
     """
     check_option_names(unknown)
     config = TokenMergeConfig(
@@ -114,6 +123,9 @@ def apply_patch(
         merge_crossattn=merge_crossattn,
         merge_mlp=merge_mlp,
         seed=seed,
+        method=method,
+        kv_factor=kv_factor,
+        kv_interpolation=kv_interpolation,
     )
     layouts = find_denoisers(model)
     remove_patch(model)

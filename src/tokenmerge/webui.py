@@ -18,11 +18,13 @@ from .patching import apply_patch, remove_patch
 
 # Settings the extension adds (key, default, label); read through the ``options`` callable.
 SETTINGS: tuple[tuple[str, Any, str], ...] = (
+    ("tokenmerge_method", "tome", "Token merging: method, tome (merge tokens) or todo (downsample keys/values)"),
+    ("tokenmerge_kv_factor", 2, "Token merging: key/value downsampling factor (method todo)"),
     ("tokenmerge_use_rand", False, "Token merging: random destinations (deterministic, seeded by the option below)"),
     ("tokenmerge_seed", 0, "Token merging: seed of the random destinations"),
     ("tokenmerge_merge_crossattn", False, "Token merging: merge tokens for cross-attention too"),
 )
-_OPTION_NAMES = {"tokenmerge_use_rand": "use_rand", "tokenmerge_seed": "seed", "tokenmerge_merge_crossattn": "merge_crossattn"}
+_OPTION_NAMES = {key: key.removeprefix("tokenmerge_") for key, _, _ in SETTINGS}
 
 
 class WebuiTokenMerge:

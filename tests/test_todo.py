@@ -1,0 +1,93 @@
+"""method="todo": self-attention keys/values from a downsampled copy of the tokens, queries at full length."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import tokenmerge
+from conftest import COMFY_SD15_SMALL, build_comfy_patcher, build_ldm_unet, comfy_run, ldm_inputs, sd_inputs
+from tokenmerge.comfyui import TokenMergeNode
+from tokenmerge.matching import downsample_tokens
+
+
+@contextlib.contextmanager
+def key_value_counts(model):
+    """(query tokens, key/value tokens) of every self-attention call, read at its to_q / to_k layers."""
+    seen: list[tuple[int, int]] = []
+    queries: list[int] = []
+    handles = []
+    for m in model.modules():
+        if type(m).__name__ == "BasicTransformerBlock":
+            handles.append(m.attn1.to_q.register_forward_hook(lambda mod, args, out: queries.append(args[0].shape[1])))
+            handles.append(m.attn1.to_k.register_forward_hook(lambda mod, args, out: seen.append((queries[-1], args[0].shape[1]))))
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_diffusers_unet_downsamples_keys_and_values(sd15_small):
+    inputs = sd_inputs(sd15_small, 16, 16)
+    with torch.no_grad():
+        vanilla = sd15_small(**inputs).sample
+        tokenmerge.apply_patch(sd15_small, method="todo", kv_factor=1)
+        assert torch.equal(sd15_small(**inputs).sample, vanilla)  # factor 1: nothing changes
+        tokenmerge.update_options(sd15_small, kv_factor=2)
+        with key_value_counts(sd15_small) as seen:
+            out = sd15_small(**inputs).sample
+        tokenmerge.remove_patch(sd15_small)
+        assert torch.equal(sd15_small(**inputs).sample, vanilla)
+    assert (256, 64) in seen and (64, 64) in seen  # top level: 16x16 queries, 8x8 keys; level 2 untouched
+    rel = ((out - vanilla).norm() / vanilla.norm()).item()
+    assert torch.isfinite(out).all() and 1e-4 < rel < 0.5
+
+
+def test_ldm_unet_downsamples_keys_and_values(ldm_small):
+    x, t, context = ldm_inputs(24, 40)
+    with torch.no_grad():
+        vanilla = ldm_small(x, t, context=context)
+        tokenmerge.apply_patch(ldm_small, method="todo", kv_factor=3, kv_interpolation="area")
+        with key_value_counts(ldm_small) as seen:
+            out = ldm_small(x, t, context=context)
+        tokenmerge.remove_patch(ldm_small)
+    assert (24 * 40, 8 * 14) in seen  # ceil(24/3) x ceil(40/3)
+    assert torch.isfinite(out).all() and not torch.equal(out, vanilla)
+
+
+def test_comfyui_node_downsamples_keys_and_values():
+    patcher = build_comfy_patcher(COMFY_SD15_SMALL)
+    g = torch.Generator().manual_seed(0)
+    x, ctx = torch.randn(2, 4, 16, 16, generator=g), torch.randn(2, 7, 32, generator=g)
+    (patched,) = TokenMergeNode().patch(patcher, method="todo", kv_factor=2)
+    seen = []
+    recorder = patched.clone()
+    recorder.set_model_attn1_patch(lambda n, c, v, opts: (seen.append((n.shape[1], c.shape[1], v.shape[1])), (n, c, v))[1])
+    out = comfy_run(recorder, x, context=ctx)
+    assert (256, 64, 64) in seen and torch.isfinite(out).all()
+    assert not torch.equal(out, comfy_run(patcher, x, context=ctx))
+
+
+@pytest.mark.parametrize("h,w,factor", [(16, 16, 2), (15, 9, 2), (7, 5, 3), (4, 4, 1)])
+def test_downsample_tokens_shapes(h, w, factor):
+    x = torch.randn(2, h * w, 5)
+    out = downsample_tokens(x, h, w, factor, "nearest-exact")
+    assert out.shape == (2, -(-h // factor) * -(-w // factor), 5)
+    if factor == 1:
+        assert out is x
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(method="tomesd"), ValueError, "method must be one of tome, todo"),
+        (dict(kv_factor=0), ValueError, "kv_factor must be an int >= 1"),
+        (dict(kv_interpolation="linear"), ValueError, "kv_interpolation must be one of nearest-exact"),
+    ],
+)
+def test_todo_options_validate(sd15_small, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        tokenmerge.apply_patch(sd15_small, **kwargs)
