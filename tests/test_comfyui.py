@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import COMFY_SD15_SMALL, COMFY_SDXL_SMALL, build_comfy_patcher, comfy_run
+from conftest import build_comfy_patcher, comfy_run
 from tokenmerge.comfyui import TokenMergeNode, token_grid, top_attention_level
 
 
 @pytest.fixture(scope="module")
 def sd15():
-    return build_comfy_patcher(COMFY_SD15_SMALL)
+    return build_comfy_patcher("sd15-small")
 
 
 @pytest.fixture(scope="module")
 def sdxl():
-    return build_comfy_patcher(COMFY_SDXL_SMALL, sdxl=True)
+    return build_comfy_patcher("sdxl-small")
 
 
 def _inputs(batch=2, size=16, adm=None):

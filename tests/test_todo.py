@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tokenmerge
-from conftest import COMFY_SD15_SMALL, build_comfy_patcher, build_ldm_unet, comfy_run, ldm_inputs, sd_inputs
+from conftest import build_comfy_patcher, comfy_run, ldm_inputs, sd_inputs
 from tokenmerge.comfyui import TokenMergeNode
 from tokenmerge.matching import downsample_tokens
 
@@ -59,7 +59,7 @@ def test_ldm_unet_downsamples_keys_and_values(ldm_small):
 
 
 def test_comfyui_node_downsamples_keys_and_values():
-    patcher = build_comfy_patcher(COMFY_SD15_SMALL)
+    patcher = build_comfy_patcher("sd15-small")
     g = torch.Generator().manual_seed(0)
     x, ctx = torch.randn(2, 4, 16, 16, generator=g), torch.randn(2, 7, 32, generator=g)
     (patched,) = TokenMergeNode().patch(patcher, method="todo", kv_factor=2)

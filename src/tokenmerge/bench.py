@@ -21,6 +21,7 @@ import torch
 
 from . import apply_patch, remove_patch
 from .architectures import build_unet, unet_inputs
+from .progress import progress_bar
 
 
 @dataclass
@@ -36,26 +37,29 @@ class Row:
 @dataclass
 class Variant:
     name: str
-    patch: Callable[[torch.nn.Module], Any]
-    unpatch: Callable[[torch.nn.Module], Any]
+    forward: Callable[[dict[str, Any]], torch.Tensor]  # one UNet forward with this variant active
 
 
-def _variants(ratio: float, level: int, seed: int) -> list[Variant]:
-    variants = [Variant("vanilla", lambda m: None, lambda m: None)]
+def _patched(unet: torch.nn.Module, patch: Callable[[torch.nn.Module], Any], unpatch: Callable[[torch.nn.Module], Any]):
+    def forward(inputs: dict[str, Any]) -> torch.Tensor:
+        patch(unet)
+        try:
+            return _forward(unet, inputs)
+        finally:
+            unpatch(unet)
+
+    return forward
+
+
+def _diffusers_variants(unet: torch.nn.Module, ratio: float, level: int, seed: int) -> list[Variant]:
+    variants = [Variant("vanilla", lambda inputs: _forward(unet, inputs))]
     if importlib.util.find_spec("tomesd") is not None:
         import tomesd
 
-        variants.append(
-            Variant(
-                f"tomesd 0.1.3 r={ratio}",
-                lambda m: tomesd.apply_patch(m, ratio=ratio, max_downsample=level),
-                tomesd.remove_patch,
-            )
-        )
-    variants.append(
-        Variant(f"tokenmerge r={ratio}", lambda m: apply_patch(m, ratio=ratio, seed=seed), remove_patch)
-    )
-    return variants
+        tome = _patched(unet, lambda m: tomesd.apply_patch(m, ratio=ratio, max_downsample=level), tomesd.remove_patch)
+        variants.append(Variant(f"tomesd 0.1.3 r={ratio}", tome))
+    ours = _patched(unet, lambda m: apply_patch(m, ratio=ratio, seed=seed), remove_patch)
+    return variants + [Variant(f"tokenmerge r={ratio}", ours)]
 
 
 def _forward(unet: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
@@ -71,13 +75,35 @@ def _fidelity(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return cosine, ((a - b).norm() / b.norm()).item()
 
 
-def _progress(total: int):
-    try:
-        from tqdm import tqdm
-
-        return tqdm(total=total, unit="forward", desc="bench", leave=False)
-    except ImportError:  # tqdm comes with the diffusers extra; run without a bar otherwise
-        return None
+def time_variants(
+    variants: list[Variant], inputs_by_size: dict[int, Callable[[], dict[str, Any]]], repeats: int
+) -> list[Row]:
+    """Interleave the variants (vanilla first) for each size; one warm-up round records the outputs."""
+    bar = progress_bar(len(inputs_by_size) * len(variants) * (repeats + 1), "bench")
+    rows: list[Row] = []
+    for size, make_inputs in inputs_by_size.items():
+        inputs = make_inputs()
+        outputs: dict[str, torch.Tensor] = {}
+        times: dict[str, list[float]] = {v.name: [] for v in variants}
+        for rep in range(repeats + 1):
+            for variant in variants:
+                t0 = time.perf_counter()
+                out = variant.forward(inputs)
+                elapsed = time.perf_counter() - t0
+                if rep == 0:
+                    outputs[variant.name] = out
+                else:
+                    times[variant.name].append(elapsed)
+                if bar is not None:
+                    bar.update(1)
+        base = statistics.median(times[variants[0].name])
+        for variant in variants:
+            median = statistics.median(times[variant.name])
+            cosine, rel_l2 = _fidelity(outputs[variant.name], outputs[variants[0].name])
+            rows.append(Row(size, variant.name, median, base / median, cosine, rel_l2))
+    if bar is not None:
+        bar.close()
+    return rows
 
 
 def run_bench(
@@ -90,40 +116,49 @@ def run_bench(
     small: bool = False,
     log: Callable[[str], None] = print,
 ) -> list[Row]:
+    """diffusers UNet of ``model``: vanilla, tomesd (when installed) and tokenmerge."""
     started = time.perf_counter()
     unet = build_unet(model, small=small, seed=seed)
     log(f"built {model}{' (small)' if small else ''} UNet with random weights in {time.perf_counter() - started:.1f} s")
     apply_patch(unet, ratio=ratio)
     level = unet._tokenmerge_state.top_level  # the level tokenmerge's auto mode merges; tomesd gets the same
     remove_patch(unet)
-    variants = _variants(ratio, level, seed)
-    bar = _progress(len(sizes_px) * len(variants) * (repeats + 1))
-    rows: list[Row] = []
-    for size in sizes_px:
-        inputs = unet_inputs(unet, size // 8, size // 8, batch=batch, seed=seed)
-        outputs: dict[str, torch.Tensor] = {}
-        times: dict[str, list[float]] = {v.name: [] for v in variants}
-        for rep in range(repeats + 1):  # the first round warms up and records outputs
-            for variant in variants:
-                variant.patch(unet)
-                t0 = time.perf_counter()
-                out = _forward(unet, inputs)
-                elapsed = time.perf_counter() - t0
-                variant.unpatch(unet)
-                if rep == 0:
-                    outputs[variant.name] = out
-                else:
-                    times[variant.name].append(elapsed)
-                if bar is not None:
-                    bar.update(1)
-        base = statistics.median(times["vanilla"])
-        for variant in variants:
-            median = statistics.median(times[variant.name])
-            cosine, rel_l2 = _fidelity(outputs[variant.name], outputs["vanilla"])
-            rows.append(Row(size, variant.name, median, base / median, cosine, rel_l2))
-    if bar is not None:
-        bar.close()
-    return rows
+    variants = _diffusers_variants(unet, ratio, level, seed)
+    inputs = {size: (lambda size=size: unet_inputs(unet, size // 8, size // 8, batch=batch, seed=seed)) for size in sizes_px}
+    return time_variants(variants, inputs, repeats)
+
+
+def run_comfy_bench(
+    sizes_px: tuple[int, ...] = (512,), batch: int = 2, repeats: int = 2, ratio: float = 0.5, seed: int = 0, small: bool = False, log: Callable[[str], None] = print
+) -> list[Row]:
+    """ComfyUI's own SD 1.5 UNet: vanilla, ComfyUI's built-in TomePatchModel and tokenmerge's node."""
+    from comfy_extras.nodes_tomesd import TomePatchModel
+
+    from .comfyui import TokenMergeNode
+    from .comfyui_models import CONFIGS, build_comfy_patcher, comfy_run
+
+    name = "sd15-small" if small else "sd15"
+    started = time.perf_counter()
+    patcher = build_comfy_patcher(name, seed)
+    log(f"built ComfyUI's {name} UNet with random weights in {time.perf_counter() - started:.1f} s")
+    builtin = TomePatchModel().patch(patcher, ratio)[0]
+    ours = TokenMergeNode().patch(patcher, ratio=ratio, seed=seed)[0]
+
+    def forward(p: Any) -> Callable[[dict[str, Any]], torch.Tensor]:
+        return lambda inputs: comfy_run(p, inputs["x"], context=inputs["context"])
+
+    variants = [
+        Variant("vanilla", forward(patcher)),
+        Variant(f"ComfyUI TomePatchModel r={ratio}", forward(builtin)),
+        Variant(f"tokenmerge node r={ratio}", forward(ours)),
+    ]
+
+    def make_inputs(size: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(batch, 4, size // 8, size // 8, generator=g)
+        return {"x": x, "context": torch.randn(batch, 77, CONFIGS[name]["context_dim"], generator=g)}
+
+    return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in sizes_px}, repeats)
 
 
 def format_table(rows: list[Row], model: str, batch: int) -> str:

@@ -1,4 +1,5 @@
-"""Command line: ``tokenmerge bench`` (speed and fidelity on a built-in SD architecture)."""
+"""Command line: ``tokenmerge bench`` (speed and fidelity on built-in SD architectures) and ``tokenmerge eval``
+(image quality on the trained reference model or a local pipeline)."""
 
 from __future__ import annotations
 
@@ -8,26 +9,64 @@ from pathlib import Path
 
 import torch
 
+from .progress import progress_bar
+
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import format_table, rows_to_json, run_bench
+    from .bench import format_table, rows_to_json, run_bench, run_comfy_bench
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = run_bench(
-        model=args.model,
-        sizes_px=tuple(args.sizes),
-        batch=args.batch,
-        repeats=args.repeats,
-        ratio=args.ratio,
-        seed=args.seed,
-        small=args.small,
-        log=lambda msg: print(msg, file=sys.stderr),
-    )
-    print(format_table(rows, args.model, args.batch))
+    common = dict(sizes_px=tuple(args.sizes), batch=args.batch, repeats=args.repeats, ratio=args.ratio, seed=args.seed, small=args.small)
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    if args.comfyui:
+        if args.model != "sd15":
+            raise SystemExit("tokenmerge bench: error: --comfyui runs ComfyUI's SD 1.5 UNet; leave --model at sd15")
+        rows = run_comfy_bench(**common, log=log)
+    else:
+        rows = run_bench(model=args.model, **common, log=log)
+    print(format_table(rows, f"ComfyUI {args.model}" if args.comfyui else args.model, args.batch))
     if args.json:
         Path(args.json).write_text(rows_to_json(rows, model=args.model, batch=args.batch, threads=torch.get_num_threads(), torch=torch.__version__))
     return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .evaluate import EvalConfig, default_configs, format_results, make_sampler, results_json, run_eval, save_grid
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    configs = [EvalConfig.parse(spec) for spec in args.configs] if args.configs else default_configs()
+    sampler = make_sampler(args.model, args.size, args.steps, args.guidance)
+    seeds = list(range(args.seeds))
+    bar = progress_bar(len(seeds) * (len(configs) + 1), "eval")
+    results, images = run_eval(configs, seeds, sampler, sampler.target, progress=(lambda: bar.update(1)) if bar else (lambda: None))
+    if bar:
+        bar.close()
+    header = f"{sampler.describe()}, {args.steps} DDIM steps, CFG {args.guidance}, {len(seeds)} seeds, {torch.get_num_threads()} threads"
+    print(format_results(results, header))
+    if args.entropy and hasattr(sampler, "model"):
+        print(_entropy_line(sampler, args.size))
+    if args.json:
+        Path(args.json).write_text(results_json(results, model=args.model or "reference", size=args.size, steps=args.steps, seeds=len(seeds)))
+    if args.grid:
+        save_grid(images, args.grid)
+    return 0
+
+
+def _entropy_line(sampler, size: int) -> str:
+    """High-resolution self-attention entropy of the trained model and of a randomly initialised twin."""
+    from .evaluate import entropy_of_top_attention
+    from .reference import ReferenceModel
+
+    model = sampler.model
+    torch.manual_seed(0)
+    twin = ReferenceModel(model.num_classes).eval()
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, model.null_class])
+    trained = entropy_of_top_attention(model.unet, lambda: model(x, torch.tensor(500), labels))
+    random = entropy_of_top_attention(twin.unet, lambda: twin(x, torch.tensor(500), labels))
+    return f"normalised entropy of top-level self-attention ({size}x{size} tokens, t=500): trained {trained:.3f}, random twin {random:.3f}"
 
 
 def _positive_size(value: str) -> int:
@@ -55,7 +94,30 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     bench.add_argument("--small", action="store_true", help="narrow variant of the architecture (smoke tests)")
     bench.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    bench.add_argument(
+        "--comfyui",
+        action="store_true",
+        help="run ComfyUI's own SD 1.5 UNet (needs the comfy package) and compare ComfyUI's TomePatchModel with tokenmerge's node",
+    )
     bench.set_defaults(func=_bench)
+
+    ev = commands.add_parser(
+        "eval",
+        help="paired image quality (PSNR, SSIM, rel. L2) and speed of configurations vs vanilla sampling",
+        description="Samples the shipped reference model (or --model) vanilla and with each configuration from the "
+        "same seeds and noise, and reports PSNR / SSIM / relative L2 against vanilla with wall time and speed-up.",
+    )
+    ev.add_argument("--model", help="a diffusers pipeline folder or a reference .safetensors (default: the shipped reference model)")
+    ev.add_argument("--configs", nargs="+", metavar="SPEC", help="e.g. tome:0.5 tomesd:0.5 todo:2 (default: tome and tomesd at 0.25/0.5/0.75, todo:2)")
+    ev.add_argument("--seeds", type=int, default=8, help="number of seeds (one image each)")
+    ev.add_argument("--steps", type=int, default=25, help="DDIM steps")
+    ev.add_argument("--size", type=int, default=64, help="image size in px (the reference model works in pixel space)")
+    ev.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale")
+    ev.add_argument("--threads", type=int, default=0)
+    ev.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ev.add_argument("--grid", metavar="PNG", help="write a side-by-side image grid (vanilla and each configuration)")
+    ev.add_argument("--no-entropy", dest="entropy", action="store_false", help="skip the attention-entropy line")
+    ev.set_defaults(func=_eval)
     return parser
 
 

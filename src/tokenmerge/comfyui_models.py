@@ -1,0 +1,109 @@
+"""ComfyUI's own SD 1.5 / SDXL UNets with random weights, for ``tokenmerge bench --comfyui`` and the tests.
+
+Needs ComfyUI's ``comfy`` package (PyPI: ``notcomfy``, GPL-3; never vendored, imported only here, at run
+time). ComfyUI must parse its arguments (``--cpu`` here) before its model code is imported.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import torch
+
+_SD15: dict[str, Any] = {
+    "use_checkpoint": False,
+    "image_size": 32,
+    "in_channels": 4,
+    "out_channels": 4,
+    "model_channels": 320,
+    "num_res_blocks": [2, 2, 2, 2],
+    "channel_mult": [1, 2, 4, 4],
+    "transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0],
+    "transformer_depth_middle": 1,
+    "transformer_depth_output": [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0],
+    "context_dim": 768,
+    "num_heads": 8,
+    "use_linear_in_transformer": False,
+    "use_spatial_transformer": True,
+    "legacy": False,
+    "adm_in_channels": None,
+    "use_temporal_resblock": False,
+    "use_temporal_attention": False,
+}
+_SD15_SMALL = {
+    **_SD15,
+    "model_channels": 32,
+    "num_res_blocks": [1, 1, 1, 1],
+    "channel_mult": [1, 2, 2, 2],
+    "transformer_depth": [1, 1, 1, 0],
+    "transformer_depth_output": [1, 1, 1, 1, 1, 1, 0, 0],
+    "context_dim": 32,
+    "num_heads": 2,
+}
+# SDXL's shape: no attention at the top level, deeper transformers below, linear projections, ADM input.
+_SDXL_SMALL = {
+    **_SD15_SMALL,
+    "num_res_blocks": [1, 1, 1],
+    "channel_mult": [1, 2, 2],
+    "transformer_depth": [0, 1, 2],
+    "transformer_depth_middle": 2,
+    "transformer_depth_output": [0, 0, 1, 1, 2, 2],
+    "use_linear_in_transformer": True,
+    "adm_in_channels": 64,
+    "num_classes": "sequential",
+    "num_heads": -1,
+    "num_head_channels": 16,
+}
+CONFIGS = {"sd15": _SD15, "sd15-small": _SD15_SMALL, "sdxl-small": _SDXL_SMALL}
+
+
+def import_comfy() -> Any:
+    """Import ComfyUI's package with its argument parsing on and ``--cpu``."""
+    saved = sys.argv
+    sys.argv = ["comfyui", "--cpu"]
+    try:
+        import comfy.options
+
+        comfy.options.enable_args_parsing()
+        import comfy.model_management  # noqa: F401  (parses the arguments)
+        import comfy.model_patcher
+        import comfy.supported_models
+    finally:
+        sys.argv = saved
+    return comfy
+
+
+def reinit_all(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """ComfyUI builds layers without initialising them: give every parameter a seeded value."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in module.modules():
+            for name, p in m.named_parameters(recurse=False):
+                if p.dim() > 1:
+                    bound = 1 / math.sqrt(p[0].numel())
+                    p.copy_(torch.empty(p.shape).uniform_(-bound, bound, generator=g))
+                else:
+                    p.fill_(1.0 if name == "weight" else 0.0)
+    return module
+
+
+def build_comfy_patcher(name: str = "sd15", seed: int = 0) -> Any:
+    """A ComfyUI ``ModelPatcher`` around ComfyUI's UNet for ``name`` (see ``CONFIGS``), random weights."""
+    comfy = import_comfy()
+    config = CONFIGS[name]
+    model_class = comfy.supported_models.SDXL if name.startswith("sdxl") else comfy.supported_models.SD15
+    model = model_class(dict(config)).get_model({}, device=torch.device("cpu"))
+    reinit_all(model, seed)
+    cpu = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
+
+
+def comfy_run(patcher: Any, x: torch.Tensor, sigma: float = 2.0, context: torch.Tensor | None = None, **extra: Any) -> torch.Tensor:
+    """One denoiser call as ComfyUI's sampler makes it: the patcher's transformer_options plus sigmas."""
+    options = dict(patcher.model_options.get("transformer_options", {}))
+    sigmas = torch.full((x.shape[0],), sigma)
+    options.update(sigmas=sigmas, cond_or_uncond=[0] * x.shape[0])
+    with torch.inference_mode():
+        return patcher.model.apply_model(x, sigmas, c_crossattn=context, transformer_options=options, **extra)
