@@ -114,8 +114,8 @@ def test_compare_metrics_and_config_parsing():
         EvalConfig.parse("fast")
 
 
-@pytest.mark.skipif(not default_path().exists(), reason="the shipped reference model is not built yet")
 def test_shipped_reference_model_loads():
+    assert default_path().exists()
     model = load_reference()
     assert model.num_classes >= 8
     assert sum(p.numel() for p in model.parameters()) * 2 < 20e6  # fp16 file under ~20 MB
