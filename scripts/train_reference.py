@@ -53,7 +53,7 @@ def load_photographs(max_side: int = 256) -> tuple[list[torch.Tensor], list[str]
         img = Image.fromarray(np.ascontiguousarray(array[..., :3]).astype(np.uint8))
         scale = max_side / min(img.size)
         img = img.resize((max(max_side, round(img.size[0] * scale)), max(max_side, round(img.size[1] * scale))), Image.BICUBIC)
-        tensor = torch.from_numpy(np.asarray(img)).permute(2, 0, 1).float() / 127.5 - 1
+        tensor = torch.from_numpy(np.array(img)).permute(2, 0, 1).float() / 127.5 - 1
         images.append(tensor)
         names.append(name)
     return images, names
