@@ -96,6 +96,3 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| relative to the output scale (max |b|)."""
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
-
-# ---- ComfyUI (the `comfy` package from notcomfy: GPL-3, a test-only dependency) ----
-from tokenmerge.comfyui_models import build_comfy_patcher, comfy_run  # noqa: E402,F401

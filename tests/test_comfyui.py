@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import build_comfy_patcher, comfy_run
+from tokenmerge.comfyui_models import build_comfy_patcher, comfy_run
 from tokenmerge.comfyui import TokenMergeNode, token_grid, top_attention_level
 
 

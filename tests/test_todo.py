@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import tokenmerge
-from conftest import build_comfy_patcher, comfy_run, ldm_inputs, sd_inputs
+from conftest import ldm_inputs, sd_inputs
+from tokenmerge.comfyui_models import build_comfy_patcher, comfy_run
 from tokenmerge.comfyui import TokenMergeNode
 from tokenmerge.matching import downsample_tokens
 
