@@ -105,9 +105,7 @@ class ComfyTokenMerge:
         self.plan = plan = None
         self.unmerge_attn1 = None
         config = self.config
-        if (config.ratio == 0) if config.method == "tome" else (config.kv_factor == 1):
-            return n, context, value
-        grid = self._active_grid(n, extra_options)
+        grid = None if config.is_identity else self._active_grid(n, extra_options)
         if grid is None:
             return n, context, value
         if config.method == "todo":

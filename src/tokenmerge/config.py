@@ -102,6 +102,11 @@ class TokenMergeConfig:
             )
 
     @property
+    def is_identity(self) -> bool:
+        """True when these options leave every block unchanged (ratio 0 for tome, factor 1 for todo)."""
+        return self.ratio == 0 if self.method == "tome" else self.kv_factor == 1
+
+    @property
     def effective_seed(self) -> int:
         return 0 if self.seed is None else self.seed
 

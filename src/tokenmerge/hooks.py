@@ -132,9 +132,7 @@ class PlanMerge:
         block.todo_grid = None
         block.chunk_cursor = 0
         config = block.denoiser.config
-        if block.level > block.denoiser.merge_level:
-            return
-        if (config.ratio == 0) if config.method == "tome" else (config.kv_factor == 1):
+        if block.level > block.denoiser.merge_level or config.is_identity:
             return
         x = first_tensor_arg(args, kwargs, _INPUT_NAMES)
         size = block.grid.size
