@@ -1,0 +1,39 @@
+"""The patched UNet traces as one graph under torch.compile(fullgraph=True): no graph breaks from tokenmerge.
+
+The eager backend checks tracing (what fullgraph is about) without the minutes an inductor build takes on CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tomesd
+import torch
+
+import tokenmerge
+from conftest import sd_inputs
+
+
+@pytest.mark.parametrize("options", [dict(ratio=0.5), dict(ratio=0.5, use_rand=False, merge_crossattn=True, merge_mlp=True), dict(method="todo")])
+def test_patched_unet_compiles_with_fullgraph(sd15_small, options):
+    inputs = sd_inputs(sd15_small, 16, 16)
+    tokenmerge.apply_patch(sd15_small, **options)
+    try:
+        with torch.no_grad():
+            eager = sd15_small(**inputs).sample
+            compiled = torch.compile(sd15_small, fullgraph=True, backend="eager")(**inputs).sample
+    finally:
+        tokenmerge.remove_patch(sd15_small)
+        torch._dynamo.reset()
+    assert torch.equal(compiled, eager)
+
+
+def test_tomesd_does_not_compile_with_fullgraph(sd15_small):
+    """The contrast: tomesd's per-call hook state breaks the graph."""
+    inputs = sd_inputs(sd15_small, 16, 16)
+    tomesd.apply_patch(sd15_small, ratio=0.5)
+    try:
+        with torch.no_grad(), pytest.raises(Exception, match="RemovableHandle|Unsupported|graph break"):
+            torch.compile(sd15_small, fullgraph=True, backend="eager")(inputs["sample"], inputs["timestep"], inputs["encoder_hidden_states"])
+    finally:
+        tomesd.remove_patch(sd15_small)
+        torch._dynamo.reset()
