@@ -24,6 +24,7 @@ package that exposes :class:`TokenMergeNode` to ComfyUI.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Any
@@ -37,6 +38,12 @@ from .planning import plan_merge
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
 _STAGES = {"input": 1, "middle": 2, "output": 3}
+
+
+@functools.lru_cache(maxsize=None)
+def _block_key(stage: int, index: int, block_index: int) -> int:
+    """The random-partition key of a block, computed once (the diffusers/ldm hooks do it at patch time)."""
+    return hash_ints(0x70E, stage, index, block_index)
 
 
 def token_grid(original_shape: list[int] | tuple[int, ...], tokens: int) -> tuple[int, int, int] | None:
@@ -82,7 +89,7 @@ class ComfyTokenMerge:
 
     def _block_key(self, extra_options: dict[str, Any]) -> int:
         stage, index = extra_options.get("block", ("input", 0))
-        return hash_ints(0x70E, _STAGES.get(stage, 0), index, extra_options.get("block_index", 0))
+        return _block_key(_STAGES.get(stage, 0), index, extra_options.get("block_index", 0))
 
     def _active_grid(self, n: torch.Tensor, extra_options: dict[str, Any]) -> tuple[int, int] | None:
         """(h, w) of this block's tokens if the block is at a level that is merged, else None."""
