@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +50,15 @@ class DenoiserLayout:
             if p.name in self.timestep_names:
                 return p.name, index
         return None
+
+
+def containers_in(
+    block: torch.nn.Module | None, level: int, is_container: Callable[[torch.nn.Module], bool]
+) -> list[SpatialContainer]:
+    """The spatial transformers inside one UNet block, all at that block's resolution ``level``."""
+    if block is None:
+        return []
+    return [SpatialContainer(m, transformer_blocks(m), level) for m in block.modules() if is_container(m)]
 
 
 def transformer_blocks(container: torch.nn.Module) -> list[torch.nn.Module]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import SpatialContainer, has_class_named, transformer_blocks
+from .base import SpatialContainer, containers_in, has_class_named
 
 
 def is_container(module: torch.nn.Module) -> bool:
@@ -19,21 +19,17 @@ def _has_module_named(block: torch.nn.Module, name: str) -> bool:
     return any(type(m).__name__ == name for m in block.modules())
 
 
-def _containers_in(block: torch.nn.Module, level: int) -> list[SpatialContainer]:
-    return [SpatialContainer(m, transformer_blocks(m), level) for m in block.modules() if is_container(m)]
-
-
 def containers(root: torch.nn.Module) -> list[SpatialContainer]:
     """Walk input, middle and output blocks in execution order, tracking the resolution level."""
     found: list[SpatialContainer] = []
     level = 1
     for block in root.input_blocks:
-        found += _containers_in(block, level)
+        found += containers_in(block, level, is_container)
         if _has_module_named(block, "Downsample"):
             level *= 2
-    found += _containers_in(root.middle_block, level)
+    found += containers_in(root.middle_block, level, is_container)
     for block in root.output_blocks:
-        found += _containers_in(block, level)
+        found += containers_in(block, level, is_container)
         if _has_module_named(block, "Upsample"):
             level //= 2
     return found
