@@ -15,7 +15,7 @@ def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "vanilla" in table and "tomesd 0.1.3 r=0.5" in table and "tokenmerge r=0.5" in table
     rows = json.loads(out.read_text())["rows"]
-    assert {r["variant"] for r in rows} == {"vanilla", "tomesd 0.1.3 r=0.5", "tokenmerge r=0.5"}
+    assert {r["variant"] for r in rows} == {"vanilla", "tomesd 0.1.3 r=0.5", "tokenmerge r=0.5", "tokenmerge auto"}
     vanilla = next(r for r in rows if r["variant"] == "vanilla")
     assert vanilla["speedup"] == 1.0 and vanilla["rel_l2"] == 0.0
     ours = next(r for r in rows if r["variant"] == "tokenmerge r=0.5")
@@ -27,3 +27,21 @@ def test_bench_rejects_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert "tokenmerge bench: error" in capsys.readouterr().err
+
+
+def test_bench_variants_sizes_memory_and_plot(tmp_path, capsys):
+    out, plot = tmp_path / "bench.json", tmp_path / "speedup.png"
+    argv = ["bench", "--small", "--sizes", "64", "128", "--repeats", "1", "--json", str(out), "--plot", str(plot)]
+    assert main([*argv, "--variants", "todo:2", "tome:0.5,share_plan=true", "tome:0.5,match_dtype=bfloat16"]) == 0
+    captured = capsys.readouterr()
+    assert "128 px: about" in captured.err  # time estimate from the previous size
+    rows = json.loads(out.read_text())["rows"]
+    names = ["vanilla", "tokenmerge todo f=2", "tokenmerge r=0.5 share_plan=True", "tokenmerge r=0.5 match_dtype=bfloat16"]
+    assert [r["variant"] for r in rows] == names * 2
+    assert all(r["peak_mem_mb"] >= 0 for r in rows)
+    assert plot.stat().st_size > 1000
+
+
+def test_bench_rejects_a_bad_variant():
+    with pytest.raises(SystemExit, match="--variants: .*reuse_steps"):
+        main(["bench", "--small", "--variants", "tome:0.5,reuse_steps=0"])

@@ -13,7 +13,11 @@ import tokenmerge
 from conftest import sd_inputs
 
 
-@pytest.mark.parametrize("options", [dict(ratio=0.5), dict(ratio=0.5, use_rand=False, merge_crossattn=True, merge_mlp=True), dict(method="todo")])
+@pytest.mark.parametrize(
+    "options",
+    [dict(ratio=0.5), dict(ratio=0.5, use_rand=False, merge_crossattn=True, merge_mlp=True), dict(method="todo"),
+     dict(method="auto", auto_max_keys=16, auto_min_tokens=16), dict(ratio=0.5, share_plan=True)],
+)
 def test_patched_unet_compiles_with_fullgraph(sd15_small, options):
     inputs = sd_inputs(sd15_small, 16, 16)
     tokenmerge.apply_patch(sd15_small, **options)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tokenmerge.cli import main
-from tokenmerge.evaluate import EvalConfig, compare
+from tokenmerge.evaluate import compare
+from tokenmerge.variants import PatchSpec
 from tokenmerge.reference import default_path, load_reference
 
 ROOT = Path(__file__).parents[1]
@@ -109,9 +110,16 @@ def test_compare_metrics_and_config_parsing():
     assert psnr == float("inf") and ssim == pytest.approx(1.0) and rel == 0
     _, ssim_noisy, rel_noisy = compare(np.clip(a + 0.1, 0, 1), a)
     assert ssim_noisy < 1 and rel_noisy > 0
-    assert EvalConfig.parse("tome:0.5").name == "tokenmerge r=0.5"
-    with pytest.raises(ValueError, match="tome:0.5, todo:2 or tomesd:0.5"):
-        EvalConfig.parse("fast")
+    assert PatchSpec.parse("tome:0.5").name == "tokenmerge r=0.5"
+    spec = PatchSpec.parse("tome:0.5,share_plan=true,reuse_steps=3,match_dtype=bfloat16")
+    assert spec.kwargs() == {"method": "tome", "ratio": 0.5, "share_plan": True, "reuse_steps": 3, "match_dtype": "bfloat16"}
+    assert PatchSpec.parse("auto").kwargs() == {"method": "auto"}
+    assert PatchSpec.parse("todo:4").kwargs() == {"method": "todo", "kv_factor": 4}
+    for bad in ("fast", "auto:2", "tome", "tome:0.5,shareplan=1", "tomesd:0.5,seed=1"):
+        with pytest.raises(ValueError, match="tome:0.5, todo:2, auto or tomesd:0.5|options are name=value"):
+            PatchSpec.parse(bad)
+    with pytest.raises(ValueError, match="reuse_steps"):
+        PatchSpec.parse("tome:0.5,reuse_steps=0")
 
 
 def test_shipped_reference_model_loads():

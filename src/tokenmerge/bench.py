@@ -1,20 +1,23 @@
-"""``tokenmerge bench``: vanilla vs tomesd vs tokenmerge on a real SD UNet architecture, side by side.
+"""``tokenmerge bench``: vanilla vs tomesd vs tokenmerge configurations on a real SD UNet architecture.
 
 The UNet is built from its published config with random weights (no download). Variants run
 interleaved in one process (vanilla, tomesd, tokenmerge, vanilla, ...) so that load changes on a
-shared machine hit all of them alike; the table gives medians and ratios. Fidelity compares each
-variant's UNet output with vanilla's on the same input: with random weights attention is nearly
-uniform, so these numbers say little about image quality (see ``tokenmerge eval`` for that).
+shared machine hit all of them alike; the table gives medians, ratios and peak memory. Fidelity
+compares each variant's UNet output with vanilla's on the same input: with random weights attention
+is nearly uniform, so these numbers say little about image quality (see ``tokenmerge eval``).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import copy
 import json
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +25,9 @@ import torch
 from . import apply_patch, remove_patch
 from .architectures import build_unet, unet_inputs
 from .progress import progress_bar
+from .variants import PatchSpec, available
+
+DEFAULT_SPECS = ("tomesd:0.5", "tome:0.5", "auto")
 
 
 @dataclass
@@ -32,6 +38,7 @@ class Row:
     speedup: float
     cosine: float
     rel_l2: float
+    peak_mem_mb: float  # above the memory in use before the forward: RSS on CPU, max allocated on GPU
 
 
 @dataclass
@@ -40,26 +47,43 @@ class Variant:
     forward: Callable[[dict[str, Any]], torch.Tensor]  # one UNet forward with this variant active
 
 
-def _patched(unet: torch.nn.Module, patch: Callable[[torch.nn.Module], Any], unpatch: Callable[[torch.nn.Module], Any]):
-    def forward(inputs: dict[str, Any]) -> torch.Tensor:
-        patch(unet)
-        try:
-            return _forward(unet, inputs)
-        finally:
-            unpatch(unet)
-
-    return forward
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
 
 
-def _diffusers_variants(unet: torch.nn.Module, ratio: float, level: int, seed: int) -> list[Variant]:
-    variants = [Variant("vanilla", lambda inputs: _forward(unet, inputs))]
-    if importlib.util.find_spec("tomesd") is not None:
-        import tomesd
+@contextmanager
+def peak_memory(device: torch.device) -> Iterator[list[float]]:
+    """Yields a one-element list that holds, on exit, the peak memory (MiB) added during the block."""
+    result = [0.0]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield result
+        torch.cuda.synchronize(device)
+        result[0] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+        return
+    try:
+        base = _rss_bytes()
+    except OSError:  # no /proc (not Linux): memory is not reported
+        yield result
+        return
+    peak = [base]
+    done = threading.Event()
 
-        tome = _patched(unet, lambda m: tomesd.apply_patch(m, ratio=ratio, max_downsample=level), tomesd.remove_patch)
-        variants.append(Variant(f"tomesd 0.1.3 r={ratio}", tome))
-    ours = _patched(unet, lambda m: apply_patch(m, ratio=ratio, seed=seed), remove_patch)
-    return variants + [Variant(f"tokenmerge r={ratio}", ours)]
+    def sample() -> None:
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], _rss_bytes())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield result
+    finally:
+        done.set()
+        sampler.join()
+        result[0] = (max(peak[0], _rss_bytes()) - base) / 2**20
 
 
 def _forward(unet: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
@@ -69,6 +93,26 @@ def _forward(unet: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         return unet(inputs["sample"], inputs["timestep"], inputs["encoder_hidden_states"], **extra).sample
 
 
+def _patched(unet: torch.nn.Module, spec: PatchSpec, defaults: dict[str, Any]) -> Callable[[dict[str, Any]], torch.Tensor]:
+    def forward(inputs: dict[str, Any]) -> torch.Tensor:
+        spec.patch(unet, **defaults)
+        try:
+            return _forward(unet, inputs)
+        finally:
+            spec.unpatch(unet)
+
+    return forward
+
+
+def _compiled(unet: torch.nn.Module, spec: PatchSpec | None, defaults: dict[str, Any]) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """A patched copy of the UNet, compiled once (patching a compiled module per call would recompile)."""
+    model = copy.deepcopy(unet)
+    if spec is not None:
+        spec.patch(model, **defaults)
+    compiled = torch.compile(model)
+    return lambda inputs: _forward(compiled, inputs)
+
+
 def _fidelity(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     a, b = out.double().flatten(), ref.double().flatten()
     cosine = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
@@ -76,31 +120,55 @@ def _fidelity(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
 
 def time_variants(
-    variants: list[Variant], inputs_by_size: dict[int, Callable[[], dict[str, Any]]], repeats: int
+    variants: list[Variant],
+    inputs_by_size: dict[int, Callable[[], dict[str, Any]]],
+    repeats: int,
+    device: torch.device = torch.device("cpu"),
+    log: Callable[[str], None] = print,
 ) -> list[Row]:
-    """Interleave the variants (vanilla first) for each size; one warm-up round records the outputs."""
+    """Interleave the variants (vanilla first) for each size; one warm-up round records the outputs
+    (with ``repeats=0`` that round is also the timed one).
+
+    Before each size after the first, the time is estimated from the previous size's warm-up round
+    (scaled by the cube of the size ratio: between linear-in-tokens convolutions and quadratic attention).
+    """
     bar = progress_bar(len(inputs_by_size) * len(variants) * (repeats + 1), "bench")
     rows: list[Row] = []
+    previous: tuple[int, float] | None = None
     for size, make_inputs in inputs_by_size.items():
+        if previous is not None:
+            estimate = previous[1] * (size / previous[0]) ** 3 * (repeats + 1)
+            log(f"{size} px: about {estimate / 60:.1f} min (estimated from {previous[0]} px)")
         inputs = make_inputs()
         outputs: dict[str, torch.Tensor] = {}
         times: dict[str, list[float]] = {v.name: [] for v in variants}
+        memory: dict[str, list[float]] = {v.name: [] for v in variants}
         for rep in range(repeats + 1):
+            round_started = time.perf_counter()
             for variant in variants:
-                t0 = time.perf_counter()
-                out = variant.forward(inputs)
-                elapsed = time.perf_counter() - t0
+                with peak_memory(device) as peak:
+                    t0 = time.perf_counter()
+                    out = variant.forward(inputs)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    elapsed = time.perf_counter() - t0
+                memory[variant.name].append(peak[0])
                 if rep == 0:
-                    outputs[variant.name] = out
-                else:
+                    outputs[variant.name] = out.float().cpu()
+                if rep > 0 or repeats == 0:  # repeats=0: one round, timed (for sizes where a forward takes minutes)
                     times[variant.name].append(elapsed)
                 if bar is not None:
                     bar.update(1)
+            if rep == 0:
+                warmup = time.perf_counter() - round_started
+                previous = (size, warmup)
+                if repeats:
+                    log(f"{size} px: warm-up round {warmup:.1f} s; about {warmup * repeats / 60:.1f} min to go for this size")
         base = statistics.median(times[variants[0].name])
         for variant in variants:
             median = statistics.median(times[variant.name])
             cosine, rel_l2 = _fidelity(outputs[variant.name], outputs[variants[0].name])
-            rows.append(Row(size, variant.name, median, base / median, cosine, rel_l2))
+            rows.append(Row(size, variant.name, median, base / median, cosine, rel_l2, max(memory[variant.name])))
     if bar is not None:
         bar.close()
     return rows
@@ -111,27 +179,52 @@ def run_bench(
     sizes_px: tuple[int, ...] = (512,),
     batch: int = 2,
     repeats: int = 2,
-    ratio: float = 0.5,
+    specs: list[PatchSpec] | None = None,
     seed: int = 0,
     small: bool = False,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    compile: bool = False,
     log: Callable[[str], None] = print,
 ) -> list[Row]:
-    """diffusers UNet of ``model``: vanilla, tomesd (when installed) and tokenmerge."""
+    """diffusers UNet of ``model``: vanilla and each spec (default: tomesd r=0.5 when installed, tome r=0.5, auto)."""
+    wanted = [PatchSpec.parse(s) for s in DEFAULT_SPECS] if specs is None else specs
+    specs = available(wanted)
+    if len(specs) < len(wanted):
+        log("tomesd is not installed: its rows are left out (pip install tomesd==0.1.3)")
     started = time.perf_counter()
-    unet = build_unet(model, small=small, seed=seed)
+    unet = build_unet(model, small=small, seed=seed, dtype=dtype).to(device)
     log(f"built {model}{' (small)' if small else ''} UNet with random weights in {time.perf_counter() - started:.1f} s")
-    apply_patch(unet, ratio=ratio)
-    level = unet._tokenmerge_state.top_level  # the level tokenmerge's auto mode merges; tomesd gets the same
+    apply_patch(unet)
+    # tomesd gets tokenmerge's level: its own default (1) merges nothing on SDXL.
+    defaults = {"seed": seed, "max_downsample": unet._tokenmerge_state.top_level}
     remove_patch(unet)
-    variants = _diffusers_variants(unet, ratio, level, seed)
-    inputs = {size: (lambda size=size: unet_inputs(unet, size // 8, size // 8, batch=batch, seed=seed)) for size in sizes_px}
-    return time_variants(variants, inputs, repeats)
+    if compile:
+        variants = [Variant("vanilla (compiled)", _compiled(unet, None, defaults))]
+        variants += [Variant(f"{s.name} (compiled)", _compiled(unet, s, defaults)) for s in specs if s.method != "tomesd"]
+        if any(s.method == "tomesd" for s in specs):
+            log("--compile: tomesd is left out (its patched UNet does not trace: see tests/test_compile.py)")
+    else:
+        variants = [Variant("vanilla", lambda inputs: _forward(unet, inputs))]
+        variants += [Variant(s.name, _patched(unet, s, defaults)) for s in specs]
+
+    def make_inputs(size: int) -> dict[str, Any]:
+        inputs = unet_inputs(unet, size // 8, size // 8, batch=batch, seed=seed)
+        return {k: _to(v, unet.device) for k, v in inputs.items()}
+
+    return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in sizes_px}, repeats, unet.device, log)
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
 def run_comfy_bench(
     sizes_px: tuple[int, ...] = (512,), batch: int = 2, repeats: int = 2, ratio: float = 0.5, seed: int = 0, small: bool = False, log: Callable[[str], None] = print
 ) -> list[Row]:
-    """ComfyUI's own SD 1.5 UNet: vanilla, ComfyUI's built-in TomePatchModel and tokenmerge's node."""
+    """ComfyUI's own SD 1.5 UNet: vanilla, ComfyUI's built-in TomePatchModel, tokenmerge's node (tome and auto)."""
     from comfy_extras.nodes_tomesd import TomePatchModel
 
     from .comfyui import TokenMergeNode
@@ -143,6 +236,7 @@ def run_comfy_bench(
     log(f"built ComfyUI's {name} UNet with random weights in {time.perf_counter() - started:.1f} s")
     builtin = TomePatchModel().patch(patcher, ratio)[0]
     ours = TokenMergeNode().patch(patcher, ratio=ratio, seed=seed)[0]
+    auto = TokenMergeNode().patch(patcher, method="auto")[0]
 
     def forward(p: Any) -> Callable[[dict[str, Any]], torch.Tensor]:
         return lambda inputs: comfy_run(p, inputs["x"], context=inputs["context"])
@@ -151,6 +245,7 @@ def run_comfy_bench(
         Variant("vanilla", forward(patcher)),
         Variant(f"ComfyUI TomePatchModel r={ratio}", forward(builtin)),
         Variant(f"tokenmerge node r={ratio}", forward(ours)),
+        Variant("tokenmerge node auto", forward(auto)),
     ]
 
     def make_inputs(size: int) -> dict[str, Any]:
@@ -158,19 +253,46 @@ def run_comfy_bench(
         x = torch.randn(batch, 4, size // 8, size // 8, generator=g)
         return {"x": x, "context": torch.randn(batch, 77, CONFIGS[name]["context_dim"], generator=g)}
 
-    return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in sizes_px}, repeats)
+    return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in sizes_px}, repeats, log=log)
 
 
-def format_table(rows: list[Row], model: str, batch: int) -> str:
+def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu") -> str:
+    where = f"{torch.get_num_threads()} threads" if device == "cpu" else device
+    width = max([24, *(len(r.variant) for r in rows)])
     lines = []
     for size in sorted({r.size_px for r in rows}):
-        lines.append(f"\n{model} UNet, {size}x{size} px ({size // 8}x{size // 8} latent), batch {batch}, {torch.get_num_threads()} threads")
-        lines.append(f"| {'variant':<22} | {'median s/forward':>16} | {'speed-up':>8} | {'cosine':>8} | {'rel. L2':>8} |")
-        lines.append(f"|{'-' * 24}|{'-' * 18}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
+        lines.append(f"\n{model} UNet, {size}x{size} px ({size // 8}x{size // 8} latent), batch {batch}, {where}")
+        lines.append(f"| {'variant':<{width}} | {'median s/forward':>16} | {'speed-up':>8} | {'peak MiB':>8} | {'cosine':>8} | {'rel. L2':>8} |")
+        lines.append(f"|{'-' * (width + 2)}|{'-' * 18}|{'-' * 10}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
         for r in (r for r in rows if r.size_px == size):
-            lines.append(f"| {r.variant:<22} | {r.median_s:>16.3f} | {r.speedup:>7.2f}x | {r.cosine:>8.5f} | {r.rel_l2:>8.4f} |")
+            lines.append(
+                f"| {r.variant:<{width}} | {r.median_s:>16.3f} | {r.speedup:>7.2f}x | {r.peak_mem_mb:>8.0f} | {r.cosine:>8.5f} | {r.rel_l2:>8.4f} |"
+            )
     return "\n".join(lines)
 
 
 def rows_to_json(rows: list[Row], **meta: Any) -> str:
     return json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2)
+
+
+def plot_speedups(rows: list[Row], path: str | Path, title: str) -> None:
+    """Speed-up over vanilla against image size, one line per variant (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise SystemExit("tokenmerge bench: error: --plot needs matplotlib (pip install matplotlib)") from error
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for name in dict.fromkeys(r.variant for r in rows):
+        points = sorted((r.size_px, r.speedup) for r in rows if r.variant == name)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("image size (px, square)")
+    ax.set_ylabel("speed-up over vanilla")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -13,30 +13,47 @@ from .progress import progress_bar
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import format_table, rows_to_json, run_bench, run_comfy_bench
+    from .bench import format_table, plot_speedups, rows_to_json, run_bench, run_comfy_bench
+    from .variants import PatchSpec
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    common = dict(sizes_px=tuple(args.sizes), batch=args.batch, repeats=args.repeats, ratio=args.ratio, seed=args.seed, small=args.small)
+    common = dict(sizes_px=tuple(args.sizes), batch=args.batch, repeats=args.repeats, seed=args.seed, small=args.small)
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     if args.comfyui:
-        if args.model != "sd15":
-            raise SystemExit("tokenmerge bench: error: --comfyui runs ComfyUI's SD 1.5 UNet; leave --model at sd15")
-        rows = run_comfy_bench(**common, log=log)
+        if args.model != "sd15" or args.variants or args.compile or args.device != "cpu":
+            raise SystemExit("tokenmerge bench: error: --comfyui runs ComfyUI's SD 1.5 UNet on the CPU with fixed rows; drop --model/--variants/--compile/--device")
+        rows = run_comfy_bench(**common, ratio=args.ratio, log=log)
+        label = "ComfyUI sd15"
     else:
-        rows = run_bench(model=args.model, **common, log=log)
-    print(format_table(rows, f"ComfyUI {args.model}" if args.comfyui else args.model, args.batch))
+        try:
+            specs = [PatchSpec.parse(s) for s in args.variants] if args.variants else None
+        except (ValueError, TypeError) as error:
+            raise SystemExit(f"tokenmerge bench: error: --variants: {error}") from error
+        if specs is None and args.ratio != 0.5:
+            specs = [PatchSpec.parse(f"tomesd:{args.ratio}"), PatchSpec.parse(f"tome:{args.ratio}"), PatchSpec.parse("auto")]
+        dtype = getattr(torch, args.dtype)
+        rows = run_bench(model=args.model, **common, specs=specs, device=args.device, dtype=dtype, compile=args.compile, log=log)
+        label = f"{args.model} {args.dtype}{' compiled' if args.compile else ''}"
+    print(format_table(rows, label, args.batch, args.device))
+    meta = dict(model=label, batch=args.batch, threads=torch.get_num_threads(), torch=torch.__version__, device=args.device, argv=sys.argv[1:])
     if args.json:
-        Path(args.json).write_text(rows_to_json(rows, model=args.model, batch=args.batch, threads=torch.get_num_threads(), torch=torch.__version__))
+        Path(args.json).write_text(rows_to_json(rows, **meta))
+    if args.plot:
+        plot_speedups(rows, args.plot, f"{label} UNet, batch {args.batch}, {args.device}")
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from .evaluate import EvalConfig, default_configs, format_results, make_sampler, results_json, run_eval, save_grid
+    from .evaluate import default_configs, format_results, make_sampler, results_json, run_eval, save_grid
+    from .variants import PatchSpec
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    configs = [EvalConfig.parse(spec) for spec in args.configs] if args.configs else default_configs()
+    try:
+        configs = [PatchSpec.parse(spec) for spec in args.configs] if args.configs else default_configs()
+    except (ValueError, TypeError) as error:
+        raise SystemExit(f"tokenmerge eval: error: --configs: {error}") from error
     sampler = make_sampler(args.model, args.size, args.steps, args.guidance)
     seeds = list(range(args.seeds))
     bar = progress_bar(len(seeds) * (len(configs) + 1), "eval")
@@ -88,8 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", choices=("sd15", "sd21", "sdxl"), default="sd15")
     bench.add_argument("--sizes", type=_positive_size, nargs="+", default=[512], help="image sizes in px (latent = px/8); default 512")
     bench.add_argument("--batch", type=int, default=2, help="batch size (2 = one image with classifier-free guidance)")
-    bench.add_argument("--repeats", type=int, default=2, help="timed forwards per variant and size (after one warm-up)")
-    bench.add_argument("--ratio", type=float, default=0.5)
+    bench.add_argument("--repeats", type=int, default=2, help="timed forwards per variant and size after one warm-up (0: time the warm-up itself)")
+    bench.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="SPEC",
+        help="configurations beside vanilla, e.g. tomesd:0.5 tome:0.5 todo:2 auto 'tome:0.5,share_plan=true' "
+        "'tome:0.5,reuse_steps=3' 'tome:0.5,match_dtype=bfloat16' (default: tomesd:0.5 tome:0.5 auto)",
+    )
+    bench.add_argument("--ratio", type=float, default=0.5, help="ratio of the default tomesd/tome rows and of --comfyui")
+    bench.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    bench.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    bench.add_argument("--compile", action="store_true", help="torch.compile each variant (a patched copy each; tomesd does not trace)")
+    bench.add_argument("--plot", metavar="PNG", help="also plot speed-up against size per variant (needs matplotlib)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     bench.add_argument("--small", action="store_true", help="narrow variant of the architecture (smoke tests)")
@@ -108,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         "same seeds and noise, and reports PSNR / SSIM / relative L2 against vanilla with wall time and speed-up.",
     )
     ev.add_argument("--model", help="a diffusers pipeline folder or a reference .safetensors (default: the shipped reference model)")
-    ev.add_argument("--configs", nargs="+", metavar="SPEC", help="e.g. tome:0.5 tomesd:0.5 todo:2 (default: tome:0.25 tome:0.5 tome:0.75 tomesd:0.5 todo:2)")
+    ev.add_argument("--configs", nargs="+", metavar="SPEC", help="e.g. tome:0.5 tomesd:0.5 todo:2 auto 'tome:0.5,share_plan=true' (default: tome:0.25 tome:0.5 tome:0.75 tomesd:0.5 todo:2 auto)")
     ev.add_argument("--seeds", type=int, default=2, help="number of seeds (one image each); the README's table uses 4")
     ev.add_argument("--steps", type=int, default=20, help="DDIM steps")
     ev.add_argument("--size", type=int, default=64, help="image size in px (the reference model works in pixel space)")

@@ -16,7 +16,7 @@ Differences from the diffusers/ldm hooks, forced by what the patch points see:
 - ComfyUI has no patch point around the MLP, so ``merge_mlp`` is not offered.
 
 ``method="todo"`` (token downsampling) hands attention a downsampled copy of the tokens as keys and
-values through the same attn1 patch point.
+values through the same attn1 patch point; ``method="auto"`` picks its factor per block.
 
 The module imports nothing from ComfyUI; ``comfyui_tokenmerge/`` in the repository is the custom-node
 package that exposes :class:`TokenMergeNode` to ComfyUI.
@@ -34,7 +34,7 @@ import torch
 from .adapters import ldm
 from .config import TokenMergeConfig
 from .matching import MergePlan, downsample_tokens, hash_ints
-from .planning import plan_merge
+from .planning import auto_kv_factor, plan_merge
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
 _STAGES = {"input": 1, "middle": 2, "output": 3}
@@ -74,8 +74,10 @@ class ComfyTokenMerge:
     def __init__(self, config: TokenMergeConfig, top_level: int) -> None:
         if config.merge_mlp:
             raise ValueError("merge_mlp is not available in ComfyUI: it has no patch point around the MLP")
+        if config.share_plan or config.reuse_steps != 1:
+            raise ValueError("share_plan and reuse_steps are not available in ComfyUI's patch points; leave them at False and 1")
         self.config = config
-        self.merge_level = top_level if config.max_downsample is None else config.max_downsample
+        self.merge_level = config.merge_level(top_level)
         if self.merge_level < top_level:
             warnings.warn(
                 f"tokenmerge: no transformer block is merged: max_downsample={config.max_downsample} but this "
@@ -115,10 +117,11 @@ class ComfyTokenMerge:
         grid = None if config.is_identity else self._active_grid(n, extra_options)
         if grid is None:
             return n, context, value
-        if config.method == "todo":
-            if context is not n:  # attn1 attends to a context already (disable_self_attn)
+        if config.method in ("todo", "auto"):
+            factor = config.kv_factor if config.method == "todo" else auto_kv_factor(n.shape[1], config.auto_max_keys, config.auto_min_tokens)
+            if context is not n or factor == 1:  # attn1 attends to a context already (disable_self_attn)
                 return n, context, value
-            kv = downsample_tokens(n, grid[0], grid[1], config.kv_factor, config.kv_interpolation)
+            kv = downsample_tokens(n, grid[0], grid[1], factor, config.kv_interpolation)
             return n, kv, kv if value is n else value
         self.plan = plan = plan_merge(n, grid[0], grid[1], config, self._block_key(extra_options), extra_options.get("sigmas"))
         if plan is None or not config.merge_attn:
@@ -176,7 +179,7 @@ class TokenMergeNode:
                 "use_rand": ("BOOLEAN", {"default": True}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1}),
                 "merge_crossattn": ("BOOLEAN", {"default": False}),
-                "method": (["tome", "todo"], {"default": "tome"}),
+                "method": (["tome", "todo", "auto"], {"default": "tome"}),
                 "kv_factor": ("INT", {"default": 2, "min": 1, "max": 8, "tooltip": "method todo: key/value downsampling factor"}),
             }
         }

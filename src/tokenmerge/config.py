@@ -25,7 +25,8 @@ def _check_positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
-METHODS = ("tome", "todo")
+METHODS = ("tome", "todo", "auto")
+MATCH_DTYPES = ("float32", "float16", "bfloat16")
 KV_INTERPOLATIONS = ("nearest-exact", "nearest", "bilinear", "bicubic", "area")
 
 
@@ -46,7 +47,20 @@ class TokenMergeConfig:
     - method: ``"tome"`` (token merging, the default) or ``"todo"`` (token downsampling, arXiv
       2402.13573: queries keep every token, self-attention keys and values come from a copy of the
       tokens downsampled by ``kv_factor`` with ``kv_interpolation``; no matching, no unmerge;
-      ``ratio``, ``sx``, ``sy``, ``use_rand``, ``seed`` and the ``merge_*`` options do not apply).
+      ``ratio``, ``sx``, ``sy``, ``use_rand``, ``seed`` and the ``merge_*`` options do not apply), or
+      ``"auto"`` (token downsampling with a factor picked per block from its token count, on every level
+      up to ``max_downsample``: grids of at most ``auto_min_tokens`` tokens are left alone, larger ones
+      get the smallest integer factor that leaves at most ``auto_max_keys`` keys; see
+      :func:`tokenmerge.planning.auto_kv_factor`).
+    - auto_max_keys, auto_min_tokens: method auto's key budget per self-attention (lower is faster and
+      coarser) and the grid size below which a block is left alone.
+    - share_plan: one matching per level and call, computed in the level's first block and reused by
+      the others (ToMe; changes the result, saves the matching of every other block).
+    - reuse_steps: reuse a block's matching for this many consecutive denoising steps (ToMe; 1 = match
+      at every step, tomesd's behaviour). Steps are counted by changes of the timestep, so results then
+      depend on the calls before: :func:`tokenmerge.apply_patch` or ``update_options`` starts afresh.
+    - match_dtype: dtype of the similarity matmul (``None`` = the tokens' dtype, as tomesd). On CPUs with
+      bf16 matrix units ``"bfloat16"`` makes the matching ~2-3x cheaper; near-ties may then pair differently.
     """
 
     ratio: float = 0.5
@@ -61,6 +75,11 @@ class TokenMergeConfig:
     method: str = "tome"
     kv_factor: int = 2
     kv_interpolation: str = "nearest-exact"
+    auto_max_keys: int = 512
+    auto_min_tokens: int = 1024
+    share_plan: bool = False
+    reuse_steps: int = 1
+    match_dtype: str | None = None
 
     def __post_init__(self) -> None:
         ratio = self.ratio
@@ -77,7 +96,7 @@ class TokenMergeConfig:
                 raise ValueError(
                     f"max_downsample must be None (auto) or a power of two such as 1, 2, 4 or 8, got {md!r}"
                 )
-        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp"):
+        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_plan"):
             _check_bool(name, getattr(self, name))
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise TypeError(f"seed must be None or an int, got {self.seed!r}")
@@ -86,6 +105,11 @@ class TokenMergeConfig:
         _check_positive_int("kv_factor", self.kv_factor)
         if self.kv_interpolation not in KV_INTERPOLATIONS:
             raise ValueError(f"kv_interpolation must be one of {', '.join(KV_INTERPOLATIONS)}, got {self.kv_interpolation!r}")
+        _check_positive_int("reuse_steps", self.reuse_steps)
+        _check_positive_int("auto_max_keys", self.auto_max_keys)
+        _check_positive_int("auto_min_tokens", self.auto_min_tokens)
+        if self.match_dtype is not None and self.match_dtype not in MATCH_DTYPES:
+            raise ValueError(f"match_dtype must be None or one of {', '.join(MATCH_DTYPES)}, got {self.match_dtype!r}")
 
     @property
     def max_ratio(self) -> float:
@@ -104,7 +128,17 @@ class TokenMergeConfig:
     @property
     def is_identity(self) -> bool:
         """True when these options leave every block unchanged (ratio 0 for tome, factor 1 for todo)."""
+        if self.method == "auto":
+            return False
         return self.ratio == 0 if self.method == "tome" else self.kv_factor == 1
+
+    def merge_level(self, top_level: int) -> int:
+        """The lowest resolution (largest downsampling factor) patched: ``max_downsample``, else
+        ``top_level`` (the model's highest-resolution level with attention) for tome/todo, and every
+        level for auto, whose per-block rule leaves small grids alone."""
+        if self.max_downsample is not None:
+            return self.max_downsample
+        return 1 << 30 if self.method == "auto" else top_level
 
     @property
     def effective_seed(self) -> int:

@@ -11,7 +11,6 @@ file, or a user's diffusers pipeline folder (then the conditions are text prompt
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import time
@@ -23,56 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import apply_patch, remove_patch
+from .variants import PatchSpec, available
 
 PROMPTS = ("a photograph of a cat", "a mountain lake at dawn", "a bowl of fruit on a table", "a red car in the city")
 
 
-@dataclass(frozen=True)
-class EvalConfig:
-    """One configuration: ``tome:0.5``, ``todo:2`` (the kv factor) or ``tomesd:0.5``."""
-
-    method: str
-    value: float
-
-    @classmethod
-    def parse(cls, spec: str) -> EvalConfig:
-        method, _, value = spec.partition(":")
-        if method not in ("tome", "todo", "tomesd") or not value:
-            raise ValueError(f"configuration must look like tome:0.5, todo:2 or tomesd:0.5, got {spec!r}")
-        return cls(method, float(value))
-
-    @property
-    def name(self) -> str:
-        return f"tomesd 0.1.3 r={self.value:g}" if self.method == "tomesd" else (
-            f"tokenmerge todo f={int(self.value)}" if self.method == "todo" else f"tokenmerge r={self.value:g}"
-        )
-
-    def patch(self, target: Any) -> None:
-        if self.method == "tomesd":
-            import tomesd
-
-            tomesd.apply_patch(target, ratio=self.value)
-        elif self.method == "todo":
-            apply_patch(target, method="todo", kv_factor=int(self.value))
-        else:
-            apply_patch(target, ratio=self.value)
-
-    def unpatch(self, target: Any) -> None:
-        if self.method == "tomesd":
-            import tomesd
-
-            tomesd.remove_patch(target)
-        else:
-            remove_patch(target)
-
-
-def default_configs() -> list[EvalConfig]:
-    """A few minutes on 2 CPU cores: the three ratios, tomesd at 0.5 (when installed) and token downsampling."""
-    configs = [EvalConfig("tome", r) for r in (0.25, 0.5, 0.75)]
-    if importlib.util.find_spec("tomesd") is not None:
-        configs.append(EvalConfig("tomesd", 0.5))
-    return configs + [EvalConfig("todo", 2)]
+def default_configs() -> list[PatchSpec]:
+    """A few minutes on 2 CPU cores: the three ratios, tomesd at 0.5 (when installed), token downsampling and auto."""
+    return available([PatchSpec.parse(s) for s in ("tome:0.25", "tome:0.5", "tome:0.75", "tomesd:0.5", "todo:2", "auto")])
 
 
 @dataclass
@@ -172,7 +129,7 @@ def make_sampler(model: str | None, size: int, steps: int, guidance: float):
 
 
 def run_eval(
-    configs: list[EvalConfig],
+    configs: list[PatchSpec],
     seeds: list[int],
     sampler: Callable[[int], np.ndarray],
     target: Any,

@@ -3,7 +3,8 @@
 The upstream block forward runs unchanged. Hooks (plain PyTorch forward hooks, so they survive
 ``copy.deepcopy``, ``torch.save`` of the whole module and ``torch.compile``) do three things:
 
-- on the denoiser: remember the timestep (the random partition depends on it);
+- on the denoiser: remember the timestep (the random partition depends on it) and count calls/steps
+  (for matchings reused across blocks or steps);
 - on each spatial transformer (``Transformer2DModel``, ``SpatialTransformer``, ...): remember the
   (H, W) of its (B, C, H, W) input, the exact token grid of its blocks;
 - on each block: compute the merge plan from the block's input; on ``attn1`` / ``attn2`` / ``ff``:
@@ -24,7 +25,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .config import TokenMergeConfig
 from .matching import MergePlan, downsample_tokens
-from .planning import plan_merge
+from .planning import auto_kv_factor, plan_merge
 
 STATE_ATTR = "_tokenmerge_state"
 
@@ -43,6 +44,15 @@ _INPUT_NAMES = ("hidden_states", "x")
 
 
 @dataclass
+class CachedPlan:
+    """A matching kept for reuse (``share_plan`` / ``reuse_steps``), with what it is valid for."""
+
+    plan: MergePlan | None
+    shape: tuple[int, int, int, int]  # (batch, tokens, h, w) it was computed for
+    step: int
+
+
+@dataclass
 class DenoiserState:
     """Options and per-call facts of one patched denoiser (a UNet or ControlNet)."""
 
@@ -52,17 +62,23 @@ class DenoiserState:
     blocks: list[BlockState] = field(default_factory=list)
     handles: list[RemovableHandle] = field(default_factory=list)
     timestep: torch.Tensor | None = None
+    step: int = -1  # counts calls, or denoising steps (timestep changes) when reuse_steps > 1
+    last_timestep: list[float] | None = None
+    plans: dict[tuple[str, int], CachedPlan] = field(default_factory=dict)
 
     @property
     def merge_level(self) -> int:
-        md = self.config.max_downsample
-        return self.top_level if md is None else md
+        return self.config.merge_level(self.top_level)
 
     def merged_blocks(self) -> list[BlockState]:
         return [b for b in self.blocks if b.level <= self.merge_level]
 
+    def reset(self) -> None:
+        """Forget cached matchings and the step count (new options, or a new patch)."""
+        self.step, self.last_timestep, self.plans = -1, None, {}
+
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "timestep": None}
+        return {**self.__dict__, "timestep": None, "step": -1, "last_timestep": None, "plans": {}}
 
 
 @dataclass
@@ -82,7 +98,8 @@ class BlockState:
     key: int  # hash of the block's index, for the random partition
     index: int
     plan: MergePlan | None = None
-    todo_grid: tuple[int, int] | None = None  # set when method="todo" downsamples this call's keys/values
+    todo_grid: tuple[int, int] | None = None  # set when method="todo"/"auto" downsamples this call's keys/values
+    kv_factor: int = 1
     chunk_cursor: int = 0
     warned: bool = False
 
@@ -95,18 +112,29 @@ class BlockState:
             warnings.warn(f"tokenmerge: transformer block {self.index}: {message}", stacklevel=3)
 
 
-class CaptureTimestep:
-    """Forward pre-hook on the denoiser: keep its timestep argument for the random partition."""
+class BeginCall:
+    """Forward pre-hook on the denoiser: keep its timestep (for the random partition) and count steps."""
 
     def __init__(self, state: DenoiserState) -> None:
         self.state = state
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        name, index = self.state.timestep_arg  # type: ignore[misc]
-        t = kwargs.get(name, args[index] if len(args) > index else None)
-        if t is not None and not isinstance(t, torch.Tensor):
-            t = torch.tensor(t)
-        self.state.timestep = t
+        state = self.state
+        t = None
+        if state.timestep_arg is not None:
+            name, index = state.timestep_arg
+            t = kwargs.get(name, args[index] if len(args) > index else None)
+            if t is not None and not isinstance(t, torch.Tensor):
+                t = torch.tensor(t)
+        state.timestep = t
+        if state.config.reuse_steps == 1:
+            state.step += 1
+            return
+        # A new denoising step is a new timestep value (reading it syncs with the device, so only here).
+        value = None if t is None else t.flatten().tolist()
+        if value is None or value != state.last_timestep:
+            state.step += 1
+            state.last_timestep = value
 
 
 class CaptureGrid:
@@ -144,10 +172,29 @@ class PlanMerge:
         if n != h * w:
             block.warn_once(f"got {n} tokens for a {h}x{w} grid; this block is not merged")
             return
-        if config.method == "todo":
+        if config.method == "auto":
+            block.kv_factor = auto_kv_factor(n, config.auto_max_keys, config.auto_min_tokens)
+            block.todo_grid = (h, w) if block.kv_factor > 1 else None
+        elif config.method == "todo":
+            block.kv_factor = config.kv_factor
             block.todo_grid = (h, w)
+        elif config.share_plan or config.reuse_steps > 1:
+            block.plan = self._reused_plan(x, h, w)
         else:
             block.plan = plan_merge(x, h, w, config, block.key, block.denoiser.timestep)
+
+    def _reused_plan(self, x: torch.Tensor, h: int, w: int) -> MergePlan | None:
+        """The level's (share_plan) or block's cached matching while valid, else a new one."""
+        block = self.block
+        state = block.denoiser
+        config = state.config
+        key = ("level", block.level) if config.share_plan else ("block", block.index)
+        shape = (x.shape[0], x.shape[1], h, w)
+        cached = state.plans.get(key)
+        if cached is None or cached.shape != shape or state.step - cached.step >= config.reuse_steps:
+            cached = CachedPlan(plan_merge(x, h, w, config, block.key, state.timestep), shape, state.step)
+            state.plans[key] = cached
+        return cached.plan
 
 
 @dataclass
@@ -217,7 +264,7 @@ class DownsampleKeysValues:
             return None
         config = self.block.denoiser.config
         x = first_tensor_arg(args, kwargs, _INPUT_NAMES)
-        kv = downsample_tokens(x, grid[0], grid[1], config.kv_factor, config.kv_interpolation)
+        kv = downsample_tokens(x, grid[0], grid[1], self.block.kv_factor, config.kv_interpolation)
         return args, {**kwargs, self.kv_kwarg: kv}
 
 

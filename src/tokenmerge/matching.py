@@ -111,12 +111,13 @@ class MergePlan:
 
 
 def bipartite_soft_matching(
-    metric: torch.Tensor, src_pos: torch.Tensor, dst_pos: torch.Tensor, r: int
+    metric: torch.Tensor, src_pos: torch.Tensor, dst_pos: torch.Tensor, r: int, dtype: torch.dtype | None = None
 ) -> MergePlan | None:
     """Pair each source with its most similar destination and merge the r best pairs.
 
     ``metric`` is (B, N, C); ``src_pos``/``dst_pos`` come from :func:`grid_partition` (one row
-    shared by the batch, or one per sample). ``r`` is clamped to the number of sources. Returns
+    shared by the batch, or one per sample). ``r`` is clamped to the number of sources. ``dtype``
+    (default: the metric's) is the precision of the similarity matmul, the dominant cost. Returns
     ``None`` when nothing is merged (also when the grid is smaller than one window).
     """
     b, n, _ = metric.shape
@@ -130,6 +131,8 @@ def bipartite_soft_matching(
         c = metric.shape[-1]
         a = metric.gather(1, src_pos[..., None].expand(-1, -1, c))
         d = metric.gather(1, dst_pos[..., None].expand(-1, -1, c))
+        if dtype is not None:
+            a, d = a.to(dtype), d.to(dtype)
         node_max, node_idx = (a @ d.transpose(-1, -2)).max(dim=-1)
         order = node_max.argsort(dim=-1, descending=True)
         merged, unmerged = order[:, :r], order[:, r:]

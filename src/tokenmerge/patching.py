@@ -13,8 +13,8 @@ from .config import TokenMergeConfig, check_option_names
 from .hooks import (
     STATE_ATTR,
     BlockState,
+    BeginCall,
     CaptureGrid,
-    CaptureTimestep,
     DenoiserState,
     DownsampleKeysValues,
     GridState,
@@ -34,8 +34,7 @@ _KV_KWARGS = ("encoder_hidden_states", "context")  # the input keys and values a
 def _install(layout: DenoiserLayout, config: TokenMergeConfig) -> DenoiserState:
     state = DenoiserState(config=config, top_level=layout.top_level, timestep_arg=layout.timestep_arg())
     handles = state.handles
-    if state.timestep_arg is not None:
-        handles.append(layout.root.register_forward_pre_hook(CaptureTimestep(state), with_kwargs=True))
+    handles.append(layout.root.register_forward_pre_hook(BeginCall(state), with_kwargs=True))
     for container in layout.containers:
         grid = GridState()
         handles.append(container.module.register_forward_pre_hook(CaptureGrid(grid), with_kwargs=True))
@@ -102,6 +101,11 @@ def apply_patch(
     method: str = "tome",
     kv_factor: int = 2,
     kv_interpolation: str = "nearest-exact",
+    auto_max_keys: int = 512,
+    auto_min_tokens: int = 1024,
+    share_plan: bool = False,
+    reuse_steps: int = 1,
+    match_dtype: str | None = None,
     **unknown: Any,
 ) -> Any:
     """Patch ``model`` in place with Token Merging and return it (tomesd 0.1.3's signature and defaults,
@@ -110,7 +114,10 @@ def apply_patch(
     ``model``: a diffusers pipeline (its UNet and every ControlNet are patched), a diffusers model with
     ``BasicTransformerBlock``s, the webui's latent-diffusion object or an ldm/sgm ``UNetModel``.
     ``method="todo"`` downsamples self-attention keys/values instead of merging tokens (``kv_factor``,
-    ``kv_interpolation``). Patching again replaces the previous patch. See :class:`tokenmerge.TokenMergeConfig`.
+    ``kv_interpolation``); ``method="auto"`` picks the factor per block from its token count (never
+    slower than vanilla). ``share_plan``, ``reuse_steps`` and ``match_dtype`` make ToMe's matching
+    cheaper at some cost in fidelity. Patching again replaces the previous patch. See
+    :class:`tokenmerge.TokenMergeConfig`.
     """
     check_option_names(unknown)
     config = TokenMergeConfig(
@@ -126,6 +133,11 @@ def apply_patch(
         method=method,
         kv_factor=kv_factor,
         kv_interpolation=kv_interpolation,
+        auto_max_keys=auto_max_keys,
+        auto_min_tokens=auto_min_tokens,
+        share_plan=share_plan,
+        reuse_steps=reuse_steps,
+        match_dtype=match_dtype,
     )
     layouts = find_denoisers(model)
     remove_patch(model)
@@ -152,6 +164,7 @@ def update_options(model: Any, **changes: Any) -> TokenMergeConfig:
     config = states[0].config.replace(**changes)
     for state in states:
         state.config = config
+        state.reset()
     _warn_if_ineffective(states, config)
     return config
 

@@ -18,7 +18,7 @@ from .patching import apply_patch, remove_patch
 
 # Settings the extension adds (key, default, label); read through the ``options`` callable.
 SETTINGS: tuple[tuple[str, Any, str], ...] = (
-    ("tokenmerge_method", "tome", "Token merging: method, tome (merge tokens) or todo (downsample keys/values)"),
+    ("tokenmerge_method", "tome", "Token merging: method, tome (merge tokens), todo (downsample keys/values) or auto (todo with a per-block factor)"),
     ("tokenmerge_kv_factor", 2, "Token merging: key/value downsampling factor (method todo)"),
     ("tokenmerge_use_rand", False, "Token merging: random destinations (deterministic, seeded by the option below)"),
     ("tokenmerge_seed", 0, "Token merging: seed of the random destinations"),
