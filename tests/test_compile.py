@@ -41,3 +41,12 @@ def test_tomesd_does_not_compile_with_fullgraph(sd15_small):
     finally:
         tomesd.remove_patch(sd15_small)
         torch._dynamo.reset()
+
+
+def test_patching_a_compiled_module_warns(sd15_small):
+    """Graphs compiled before the patch ignore its hooks (torch skips hook guards by default): say so."""
+    compiled = torch.compile(sd15_small, backend="eager")
+    with pytest.warns(UserWarning, match="already wrapped by torch.compile"):
+        tokenmerge.apply_patch(compiled, ratio=0.5)
+    tokenmerge.remove_patch(compiled)
+    assert tokenmerge.get_config(sd15_small) is None

@@ -1,8 +1,8 @@
 """``tokenmerge bench``: vanilla vs tomesd vs tokenmerge configurations on a real SD UNet architecture.
 
 The UNet is built from its published config with random weights (no download). Variants run
-interleaved in one process (vanilla, tomesd, tokenmerge, vanilla, ...) so that load changes on a
-shared machine hit all of them alike; the table gives medians, ratios and peak memory. Fidelity
+interleaved in one process (vanilla, tomesd, tokenmerge, then the next round starting one later, ...)
+so that load changes on a shared machine hit all of them alike; the table gives medians, ratios and peak memory. Fidelity
 compares each variant's UNet output with vanilla's on the same input: with random weights attention
 is nearly uniform, so these numbers say little about image quality (see ``tokenmerge eval``).
 """
@@ -38,7 +38,9 @@ class Row:
     speedup: float
     cosine: float
     rel_l2: float
-    peak_mem_mb: float  # above the memory in use before the forward: RSS on CPU, max allocated on GPU
+    # Peak above the memory in use before the forward (median over the timed rounds): max allocated on GPU;
+    # on CPU the process RSS, which also depends on what the allocator kept from earlier forwards.
+    peak_mem_mb: float
 
 
 @dataclass
@@ -126,8 +128,8 @@ def time_variants(
     device: torch.device = torch.device("cpu"),
     log: Callable[[str], None] = print,
 ) -> list[Row]:
-    """Interleave the variants (vanilla first) for each size; one warm-up round records the outputs
-    (with ``repeats=0`` that round is also the timed one).
+    """Interleave the variants for each size, rotating their order every round; one warm-up round
+    records the outputs (with ``repeats=0`` that round is also the timed one).
 
     Before each size after the first, the time is estimated from the previous size's warm-up round
     (scaled by the cube of the size ratio: between linear-in-tokens convolutions and quadratic attention).
@@ -145,18 +147,19 @@ def time_variants(
         memory: dict[str, list[float]] = {v.name: [] for v in variants}
         for rep in range(repeats + 1):
             round_started = time.perf_counter()
-            for variant in variants:
+            shift = rep % len(variants)  # rotate the order each round: no variant always runs first
+            for variant in variants[shift:] + variants[:shift]:
                 with peak_memory(device) as peak:
                     t0 = time.perf_counter()
                     out = variant.forward(inputs)
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     elapsed = time.perf_counter() - t0
-                memory[variant.name].append(peak[0])
                 if rep == 0:
                     outputs[variant.name] = out.float().cpu()
                 if rep > 0 or repeats == 0:  # repeats=0: one round, timed (for sizes where a forward takes minutes)
                     times[variant.name].append(elapsed)
+                    memory[variant.name].append(peak[0])
                 if bar is not None:
                     bar.update(1)
             if rep == 0:
@@ -168,7 +171,7 @@ def time_variants(
         for variant in variants:
             median = statistics.median(times[variant.name])
             cosine, rel_l2 = _fidelity(outputs[variant.name], outputs[variants[0].name])
-            rows.append(Row(size, variant.name, median, base / median, cosine, rel_l2, max(memory[variant.name])))
+            rows.append(Row(size, variant.name, median, base / median, cosine, rel_l2, statistics.median(memory[variant.name])))
     if bar is not None:
         bar.close()
     return rows
@@ -200,6 +203,9 @@ def run_bench(
     defaults = {"seed": seed, "max_downsample": unet._tokenmerge_state.top_level}
     remove_patch(unet)
     if compile:
+        # Each variant is a patched copy of one architecture: with torch's default (hook guards skipped)
+        # the copies would all reuse the graph traced first, the vanilla one.
+        torch._dynamo.config.skip_nnmodule_hook_guards = False
         variants = [Variant("vanilla (compiled)", _compiled(unet, None, defaults))]
         variants += [Variant(f"{s.name} (compiled)", _compiled(unet, s, defaults)) for s in specs if s.method != "tomesd"]
         if any(s.method == "tomesd" for s in specs):

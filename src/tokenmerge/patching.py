@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .adapters import DenoiserLayout, find_denoisers, patch_root
+from .adapters import DenoiserLayout, compiled_parts, find_denoisers, patch_root
 from .config import TokenMergeConfig, check_option_names
 from .hooks import (
     STATE_ATTR,
@@ -72,7 +72,7 @@ def _states(model: Any) -> list[tuple[torch.nn.Module, DenoiserState]]:
         roots = [m for m in model.components.values() if isinstance(m, torch.nn.Module)]
     elif isinstance(model, torch.nn.Module):
         roots = [model]
-    return [(m, s) for root in roots for m in root.modules() if isinstance(s := getattr(m, STATE_ATTR, None), DenoiserState)]
+    return [(m, s) for root in roots for m in root.modules() if isinstance(s := vars(m).get(STATE_ATTR), DenoiserState)]
 
 
 def _warn_if_ineffective(states: list[DenoiserState], config: TokenMergeConfig) -> None:
@@ -143,7 +143,21 @@ def apply_patch(
     remove_patch(model)
     states = [_install(layout, config) for layout in layouts]
     _warn_if_ineffective(states, config)
+    _warn_if_compiled(model)
     return model
+
+
+def _warn_if_compiled(model: Any) -> None:
+    """torch.compile skips guards on module hooks by default: code compiled before the patch (for this
+    module or any other of the same architecture) keeps running unpatched, silently."""
+    compiled = compiled_parts(model)
+    if compiled:
+        warnings.warn(
+            f"tokenmerge: {', '.join(compiled)} is already wrapped by torch.compile; graphs compiled before this patch "
+            "ignore it (torch skips module-hook guards by default). Patch before compiling, or call "
+            "torch._dynamo.reset() after patching, or set torch._dynamo.config.skip_nnmodule_hook_guards = False",
+            stacklevel=3,
+        )
 
 
 def remove_patch(model: Any) -> Any:

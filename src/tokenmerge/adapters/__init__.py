@@ -62,6 +62,11 @@ def _layouts_in(candidate: torch.nn.Module) -> list[DenoiserLayout]:
     return layouts
 
 
+def compiled_parts(model: object) -> list[str]:
+    """Names of the ``torch.compile`` wrappers (``OptimizedModule``) in ``model``'s modules."""
+    return [name or type(c).__name__ for c in _candidates(model) for name, m in c.named_modules() if type(m).__name__ == "OptimizedModule"]
+
+
 def find_denoisers(model: object) -> list[DenoiserLayout]:
     """Every denoiser of ``model`` with at least one supported block; ``TypeError`` if there is none."""
     candidates = _candidates(model)
