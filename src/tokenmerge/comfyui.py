@@ -34,7 +34,7 @@ import torch
 from .adapters import ldm
 from .config import TokenMergeConfig
 from .matching import MergePlan, downsample_tokens, hash_ints
-from .planning import auto_kv_factor, plan_merge
+from .planning import kv_factor_for, plan_merge
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
 _STAGES = {"input": 1, "middle": 2, "output": 3}
@@ -118,7 +118,7 @@ class ComfyTokenMerge:
         if grid is None:
             return n, context, value
         if config.method in ("todo", "auto"):
-            factor = config.kv_factor if config.method == "todo" else auto_kv_factor(n.shape[1], config.auto_max_keys, config.auto_min_tokens)
+            factor = kv_factor_for(config, n.shape[1])
             if context is not n or factor == 1:  # attn1 attends to a context already (disable_self_attn)
                 return n, context, value
             kv = downsample_tokens(n, grid[0], grid[1], factor, config.kv_interpolation)

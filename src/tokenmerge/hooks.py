@@ -25,7 +25,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .config import TokenMergeConfig
 from .matching import MergePlan, downsample_tokens
-from .planning import auto_kv_factor, plan_merge
+from .planning import kv_factor_for, plan_merge
 
 STATE_ATTR = "_tokenmerge_state"
 
@@ -172,12 +172,9 @@ class PlanMerge:
         if n != h * w:
             block.warn_once(f"got {n} tokens for a {h}x{w} grid; this block is not merged")
             return
-        if config.method == "auto":
-            block.kv_factor = auto_kv_factor(n, config.auto_max_keys, config.auto_min_tokens)
+        if config.method in ("todo", "auto"):
+            block.kv_factor = kv_factor_for(config, n)
             block.todo_grid = (h, w) if block.kv_factor > 1 else None
-        elif config.method == "todo":
-            block.kv_factor = config.kv_factor
-            block.todo_grid = (h, w)
         elif config.share_plan or config.reuse_steps > 1:
             block.plan = self._reused_plan(x, h, w)
         else:

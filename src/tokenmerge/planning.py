@@ -40,6 +40,14 @@ def auto_kv_factor(tokens: int, max_keys: int, min_tokens: int) -> int:
     return max(2, math.ceil(math.sqrt(tokens / max_keys)))
 
 
+def kv_factor_for(config: TokenMergeConfig, tokens: int) -> int:
+    """The key/value downsampling factor of a block with ``tokens`` tokens: fixed for method todo, the
+    per-block rule for auto (1 = leave the block alone)."""
+    if config.method == "auto":
+        return auto_kv_factor(tokens, config.auto_max_keys, config.auto_min_tokens)
+    return config.kv_factor
+
+
 def plan_merge(
     x: torch.Tensor, h: int, w: int, config: TokenMergeConfig, block_key: int, timestep: torch.Tensor | None
 ) -> MergePlan | None:
