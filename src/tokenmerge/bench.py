@@ -27,7 +27,9 @@ from .architectures import build_unet, unet_inputs
 from .progress import progress_bar
 from .variants import PatchSpec, available
 
-DEFAULT_SPECS = ("tomesd:0.5", "tome:0.5", "auto")
+def default_specs(ratio: float = 0.5) -> list[PatchSpec]:
+    """The rows beside vanilla when none are asked for: tomesd and tokenmerge at ``ratio``, and auto."""
+    return [PatchSpec.parse(f"tomesd:{ratio}"), PatchSpec.parse(f"tome:{ratio}"), PatchSpec.parse("auto")]
 
 
 @dataclass
@@ -191,7 +193,7 @@ def run_bench(
     log: Callable[[str], None] = print,
 ) -> list[Row]:
     """diffusers UNet of ``model``: vanilla and each spec (default: tomesd r=0.5 when installed, tome r=0.5, auto)."""
-    wanted = [PatchSpec.parse(s) for s in DEFAULT_SPECS] if specs is None else specs
+    wanted = default_specs() if specs is None else specs
     specs = available(wanted)
     if len(specs) < len(wanted):
         log("tomesd is not installed: its rows are left out (pip install tomesd==0.1.3)")

@@ -13,7 +13,7 @@ from .progress import progress_bar
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import format_table, plot_speedups, rows_to_json, run_bench, run_comfy_bench
+    from .bench import default_specs, format_table, plot_speedups, rows_to_json, run_bench, run_comfy_bench
     from .variants import PatchSpec
 
     if args.threads:
@@ -27,11 +27,9 @@ def _bench(args: argparse.Namespace) -> int:
         label = "ComfyUI sd15"
     else:
         try:
-            specs = [PatchSpec.parse(s) for s in args.variants] if args.variants else None
+            specs = [PatchSpec.parse(s) for s in args.variants] if args.variants else default_specs(args.ratio)
         except (ValueError, TypeError) as error:
-            raise SystemExit(f"tokenmerge bench: error: --variants: {error}") from error
-        if specs is None and args.ratio != 0.5:
-            specs = [PatchSpec.parse(f"tomesd:{args.ratio}"), PatchSpec.parse(f"tome:{args.ratio}"), PatchSpec.parse("auto")]
+            raise SystemExit(f"tokenmerge bench: error: --{'variants' if args.variants else 'ratio'}: {error}") from error
         dtype = getattr(torch, args.dtype)
         rows = run_bench(model=args.model, **common, specs=specs, device=args.device, dtype=dtype, compile=args.compile, log=log)
         label = f"{args.model} {args.dtype}{' compiled' if args.compile else ''}"
