@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tokenmerge.architectures import build_unet, unet_inputs
+from tokenmerge.tools.architectures import build_unet, unet_inputs
 
 torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -96,3 +96,20 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| relative to the output scale (max |b|)."""
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
+
+@pytest.fixture
+def recorded_plans(monkeypatch) -> list:
+    """Every merge plan the hooks compute while the test runs, in order."""
+    import tokenmerge.hooks.calls
+
+    plans: list = []
+    real = tokenmerge.hooks.calls.plan_merge
+
+    def recording(*args, **kwargs):
+        plan = real(*args, **kwargs)
+        if plan is not None:
+            plans.append(plan)
+        return plan
+
+    monkeypatch.setattr(tokenmerge.hooks.calls, "plan_merge", recording)
+    return plans

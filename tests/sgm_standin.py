@@ -52,7 +52,9 @@ class BasicTransformerBlock(torch.nn.Module):
             kwargs["additional_tokens"] = additional_tokens
         if n_times_crossframe_attn_in_self:
             kwargs["n_times_crossframe_attn_in_self"] = n_times_crossframe_attn_in_self
-        return checkpoint(lambda *args: self._forward(**dict(zip(kwargs, args))), tuple(kwargs.values()), self.parameters(), self.checkpoint)
+        return checkpoint(
+            lambda *args: self._forward(**dict(zip(kwargs, args))), tuple(kwargs.values()), self.parameters(), self.checkpoint
+        )
 
     def _forward(self, x, context=None, additional_tokens=None, n_times_crossframe_attn_in_self=0):
         x = (

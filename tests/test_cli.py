@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tokenmerge.cli import main
+from tokenmerge.tools.cli import main
 
 
 def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
@@ -22,11 +22,19 @@ def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
     assert 0 < ours["rel_l2"] < 0.5 and ours["median_s"] > 0
 
 
-@pytest.mark.parametrize("argv", [["bench", "--sizes", "500"], ["bench", "--model", "sd3"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--sizes", "500"],
+        ["bench", "--model", "sd4"],
+        ["bench", "--small", "--blocks", "2"],
+        ["bench", "--model", "sd3", "--small", "--variants", "tomesd:0.5"],
+    ],
+)
 def test_bench_rejects_bad_arguments(argv, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as error:
         main(argv)
-    assert "tokenmerge bench: error" in capsys.readouterr().err
+    assert "tokenmerge bench: error" in capsys.readouterr().err + str(error.value.code)
 
 
 def test_bench_variants_sizes_memory_and_plot(tmp_path, capsys):
@@ -45,3 +53,19 @@ def test_bench_variants_sizes_memory_and_plot(tmp_path, capsys):
 def test_bench_rejects_a_bad_variant():
     with pytest.raises(SystemExit, match="--variants: .*reuse_steps"):
         main(["bench", "--small", "--variants", "tome:0.5,reuse_steps=0"])
+
+
+@pytest.mark.parametrize("model", ["sd3", "sd35", "flux", "pixart"])
+def test_bench_runs_the_transformers_with_their_attention_share(model, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", model, "--small", "--sizes", "64", "--repeats", "1", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "image attention:" in table and "ceiling of attention-only speed-ups" in table
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["vanilla", "tokenmerge r=0.5", "tokenmerge auto"]
+    assert 0 < rows[0]["attention_share"] < 1 and rows[1]["rel_l2"] > 0
+
+
+def test_bench_labels_a_transformer_with_fewer_blocks(capsys):
+    assert main(["bench", "--model", "flux", "--small", "--blocks", "1", "--sizes", "64", "--repeats", "0", "--variants", "auto"]) == 0
+    assert "first 1 double + 2 single blocks at full width" in capsys.readouterr().out

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenmerge.comfyui_models import build_comfy_patcher, comfy_run
-from tokenmerge.comfyui import TokenMergeNode, token_grid, top_attention_level
+from tokenmerge.integrations.comfyui import TokenMergeNode, token_grid, top_attention_level
+from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +114,20 @@ def test_node_options_validate_with_clear_errors(sd15, kwargs, error, match):
 def test_node_declares_its_inputs():
     inputs = TokenMergeNode.INPUT_TYPES()["required"]
     assert inputs["model"] == ("MODEL",)
-    assert set(inputs) == {"model", "ratio", "max_downsample", "sx", "sy", "use_rand", "seed", "merge_crossattn", "method", "kv_factor"}
-    import comfyui_tokenmerge
-
-    assert comfyui_tokenmerge.NODE_CLASS_MAPPINGS["TokenMergingTokenmerge"] is TokenMergeNode
+    assert set(inputs) == {
+        "model",
+        "ratio",
+        "max_downsample",
+        "sx",
+        "sy",
+        "use_rand",
+        "seed",
+        "merge_crossattn",
+        "method",
+        "kv_factor",
+        "kv_interpolation",
+    }
+    assert inputs["method"][0] == ["tome", "todo", "auto"]  # choices, not free text
 
 
 def test_token_grid_recovers_odd_sizes():

@@ -10,13 +10,19 @@ import tomesd
 import torch
 
 import tokenmerge
+
 from conftest import sd_inputs
 
 
 @pytest.mark.parametrize(
     "options",
-    [dict(ratio=0.5), dict(ratio=0.5, use_rand=False, merge_crossattn=True, merge_mlp=True), dict(method="todo"),
-     dict(method="auto", auto_max_keys=16, auto_min_tokens=16), dict(ratio=0.5, share_plan=True)],
+    [
+        dict(ratio=0.5),
+        dict(ratio=0.5, use_rand=False, merge_crossattn=True, merge_mlp=True),
+        dict(method="todo"),
+        dict(method="auto", auto_max_keys=16, auto_min_tokens=16),
+        dict(ratio=0.5, share_plan=True),
+    ],
 )
 def test_patched_unet_compiles_with_fullgraph(sd15_small, options):
     inputs = sd_inputs(sd15_small, 16, 16)
@@ -37,7 +43,9 @@ def test_tomesd_does_not_compile_with_fullgraph(sd15_small):
     tomesd.apply_patch(sd15_small, ratio=0.5)
     try:
         with torch.no_grad(), pytest.raises(Exception, match="RemovableHandle|Unsupported|graph break"):
-            torch.compile(sd15_small, fullgraph=True, backend="eager")(inputs["sample"], inputs["timestep"], inputs["encoder_hidden_states"])
+            torch.compile(sd15_small, fullgraph=True, backend="eager")(
+                inputs["sample"], inputs["timestep"], inputs["encoder_hidden_states"]
+            )
     finally:
         tomesd.remove_patch(sd15_small)
         torch._dynamo.reset()

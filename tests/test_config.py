@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
 import tokenmerge
 from tokenmerge import TokenMergeConfig
+
+from conftest import sd_inputs
 
 
 @pytest.mark.parametrize(
@@ -55,9 +58,9 @@ def test_sdxl_default_level_merges_and_explicit_level_1_warns(sdxl_small):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tokenmerge.apply_patch(sdxl_small)  # auto level: 2 on SDXL, no warning
-    state = sdxl_small._tokenmerge_state
+    described = tokenmerge.describe(sdxl_small).denoisers[0]
     # level 2: one transformer in down_blocks[1], two in up_blocks[1] (layers_per_block=1)
-    assert state.top_level == 2 and len(state.merged_blocks()) == 3
+    assert described.top_level == 2 and len(described.patched_blocks) == 3
     with pytest.warns(UserWarning, match=r"no transformer block is merged: max_downsample=1 .* factors \[2, 4\]"):
         tokenmerge.apply_patch(sdxl_small, max_downsample=1)
     tokenmerge.remove_patch(sdxl_small)
@@ -84,13 +87,63 @@ def test_unsupported_objects_raise_type_error_saying_what_is_accepted(model):
         tokenmerge.apply_patch(model)
 
 
-def test_dit_pipeline_raises_a_clear_error():
-    from diffusers import AutoencoderKL, DDIMScheduler, DiTPipeline, DiTTransformer2DModel
+def test_model_without_transformer_blocks_raises_a_clear_error():
+    from diffusers import UNet2DModel
 
-    transformer = DiTTransformer2DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=2, sample_size=8, patch_size=2, num_embeds_ada_norm=10
+    unet = UNet2DModel(
+        block_out_channels=(32, 32), down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D")
     )
-    vae = AutoencoderKL(block_out_channels=[32], norm_num_groups=32, latent_channels=4)
-    pipe = DiTPipeline(transformer=transformer, vae=vae, scheduler=DDIMScheduler())
-    with pytest.raises(TypeError, match="DiTPipeline has no transformer blocks that tokenmerge can patch; .* DiTTransformer2DModel"):
-        tokenmerge.apply_patch(pipe)
+    with pytest.raises(TypeError, match="UNet2DModel has no transformer blocks that tokenmerge can patch"):
+        tokenmerge.apply_patch(unet)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(ratio=np.float32(0.5)),
+        dict(ratio=torch.tensor(0.5)),
+        dict(sx=np.int64(2), sy=np.int32(2)),
+        dict(seed=np.int64(3)),
+        dict(max_downsample=np.int64(2)),
+        dict(kv_factor=torch.tensor(3), method="todo"),
+        dict(use_rand=np.bool_(False)),
+    ],
+)
+def test_numpy_and_tensor_scalars_are_accepted_as_drop_in_code_passes_them(options):
+    config = tokenmerge.TokenMergeConfig(**options)
+    for name, value in options.items():
+        plain = value.item() if hasattr(value, "item") else value
+        assert getattr(config, name) == plain and type(getattr(config, name)) in (int, float, bool, str)
+
+
+@pytest.mark.parametrize(
+    "options,error",
+    [
+        (dict(ratio=True), TypeError),
+        (dict(ratio="0.5"), TypeError),
+        (dict(sx=np.float64(2.0)), TypeError),
+        (dict(seed="3"), TypeError),
+        (dict(seed=True), TypeError),
+        (dict(ratio=torch.tensor([0.5])), TypeError),
+        (dict(use_rand=1), TypeError),
+    ],
+)
+def test_bools_strings_and_non_scalars_are_still_rejected(options, error):
+    with pytest.raises(error, match=next(iter(options))):
+        tokenmerge.TokenMergeConfig(**options)
+
+
+def test_any_python_int_is_a_seed_and_all_its_bits_count(sd15_small, recorded_plans):
+    def destinations(seed: int) -> torch.Tensor:
+        recorded_plans.clear()
+        with tokenmerge.patched(sd15_small, ratio=0.5, seed=seed, max_downsample=1), torch.no_grad():
+            sd15_small(**sd_inputs(sd15_small, 16, 16))
+        return recorded_plans[0].keep_idx
+
+    big = 2**64 + 5  # torch.seed() returns values >= 2**63 half the time
+    seeds = [0, 5, 2**32 + 5, 2**63 + 5, big, -5]
+    found = [destinations(s) for s in seeds]
+    assert torch.equal(found[0], destinations(0))  # deterministic
+    for i in range(len(seeds)):
+        for j in range(i):
+            assert not torch.equal(found[i], found[j]), (seeds[i], seeds[j])  # seeds differing above bit 32 differ too

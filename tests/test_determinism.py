@@ -6,6 +6,7 @@ import tomesd
 import torch
 
 import tokenmerge
+
 from conftest import max_rel_diff, sd_inputs
 
 
@@ -39,26 +40,26 @@ def test_tomesd_differs_between_identical_calls(sd15_small):
     assert not torch.equal(first, second)
 
 
-def _destinations(unet) -> torch.Tensor:
+def _destinations(plans) -> torch.Tensor:
     """The destination positions the first merged block chose in the last call, per sample."""
-    plan = unet._tokenmerge_state.blocks[0].plan
     num_dst = (16 // 2) * (16 // 2)  # one per 2x2 window of the 16x16 grid
-    return plan.keep_idx[:, -num_dst:]
+    return plans[-1].keep_idx[:, -num_dst:]
 
 
-def test_partition_changes_with_the_timestep_and_is_shared_by_the_batch(sd15_small):
+def test_partition_changes_with_the_timestep_and_is_shared_by_the_batch(sd15_small, recorded_plans):
     inputs = sd_inputs(sd15_small, 16, 16)
-    tokenmerge.apply_patch(sd15_small, ratio=0.5)
-    _run(sd15_small, dict(inputs, timestep=torch.tensor(500)))
-    at_500 = _destinations(sd15_small)
-    _run(sd15_small, dict(inputs, timestep=torch.tensor(499)))
-    at_499 = _destinations(sd15_small)
-    assert torch.equal(at_500[0], at_500[1])  # cond and uncond halves share the partition
-    assert not torch.equal(at_500, at_499)
-    tokenmerge.update_options(sd15_small, use_rand=False)
-    _run(sd15_small, dict(inputs, timestep=torch.tensor(499)))
-    top_left = _destinations(sd15_small)[0]
-    tokenmerge.remove_patch(sd15_small)
+    with tokenmerge.patched(sd15_small, ratio=0.5, max_downsample=1):
+        _run(sd15_small, dict(inputs, timestep=torch.tensor(500)))
+        at_500 = _destinations(recorded_plans[:1])
+        recorded_plans.clear()
+        _run(sd15_small, dict(inputs, timestep=torch.tensor(499)))
+        at_499 = _destinations(recorded_plans[:1])
+        assert torch.equal(at_500[0], at_500[1])  # cond and uncond halves share the partition
+        assert not torch.equal(at_500, at_499)
+        tokenmerge.update_options(sd15_small, use_rand=False)
+        recorded_plans.clear()
+        _run(sd15_small, dict(inputs, timestep=torch.tensor(499)))
+        top_left = _destinations(recorded_plans[:1])[0]
     assert torch.equal(top_left, torch.tensor([32 * (i // 8) + 2 * (i % 8) for i in range(64)]))
 
 

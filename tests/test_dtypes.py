@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import tokenmerge
+
 from conftest import attn1_token_counts, max_rel_diff, sd_inputs
 
 

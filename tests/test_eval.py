@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,70 +9,102 @@ import numpy as np
 import pytest
 import torch
 
-from tokenmerge.cli import main
-from tokenmerge.evaluate import compare
-from tokenmerge.variants import PatchSpec
-from tokenmerge.reference import default_path, load_reference
-
-ROOT = Path(__file__).parents[1]
-
-
-def _train_module():
-    spec = importlib.util.spec_from_file_location("train_reference", ROOT / "scripts" / "train_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tokenmerge.tools.cli import main
+from tokenmerge.tools.evaluate import compare, nearest_class_accuracy
+from tokenmerge.tools.reference.models import KINDS, load_reference, read_metadata, shipped
+from tokenmerge.tools.reference.photos import HELD_OUT, TRAINING, load_photo
+from tokenmerge.tools.reference.train import TrainConfig, train
+from tokenmerge.tools.specs import PatchSpec
 
 
 @pytest.fixture(scope="module")
 def tiny_reference(tmp_path_factory) -> Path:
-    """Runs the real training script for two steps on two photographs (CI never trains for real)."""
-    train = _train_module()
-    out = tmp_path_factory.mktemp("ref") / "reference.safetensors"
-    args = argparse.Namespace(
-        out=str(out), minutes=5, steps=2, batch=2, res=16, sample_res=16, lr=1e-3, ema=0.9, cond_dropout=0.5, seed=0,
-        log_every=1, checkpoint_minutes=10, max_images=2, samples=False,
-    )
-    train.train(args)
-    return out
+    """Runs the real training loop for two steps on two photographs (CI never trains for real), then resumes it."""
+    out = tmp_path_factory.mktemp("ref")
+    config = TrainConfig(kind="unet", out=str(out), steps=2, batch=2, log_every=1, structure_every=2, max_images=2)
+    train(config, log=lambda *a, **k: None)
+    train(TrainConfig(**{**config.__dict__, "steps": 3}), log=lambda *a, **k: None)  # resumes at step 2
+    return out / "reference-unet.safetensors"
 
 
-def test_training_smoke_run_writes_weights_card_and_loss_curve(tiny_reference):
+def test_training_writes_weights_log_and_resumes(tiny_reference):
     model = load_reference(tiny_reference)
-    assert model.num_classes == 2 and len(model.class_names) == 2
-    card = (tiny_reference.parent / "MODEL_CARD.md").read_text()
-    assert "2 steps" in card and "photographs bundled with PyPI packages" in card
-    losses = json.loads((tiny_reference.parent / "loss_curve.json").read_text())["step_loss"]
-    assert [step for step, _ in losses] == [1, 2] and all(np.isfinite(loss) for _, loss in losses)
+    assert model.kind == "unet" and model.num_classes == 2 and model.class_names == [p.name for p in TRAINING[:2]]
+    assert read_metadata(tiny_reference)["steps"] == "3"
+    log = json.loads((tiny_reference.parent / "training.json").read_text())
+    assert [step for step, *_ in log["losses"]] == [1, 2, 3] and all(np.isfinite(loss) for _, loss, _ in log["losses"])
+    assert [s["step"] for s in log["structure"]] == [2] and 0 < log["structure"][0]["entropy"] <= 1
 
 
-def test_photographs_come_from_installed_packages():
-    images, names = _train_module().load_photographs(max_side=64)
-    assert len(images) >= 8 and any(n.startswith("sklearn:") for n in names) and any(n.startswith("skimage:") for n in names)
-    assert all(img.shape[0] == 3 and min(img.shape[1:]) == 64 and img.min() >= -1 and img.max() <= 1 for img in images)
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_transformer_reference_models_train(tmp_path, kind):
+    weights = train(
+        TrainConfig(kind=kind, out=str(tmp_path), steps=1, batch=2, log_every=1, structure_every=1, max_images=2), log=lambda *a, **k: None
+    )
+    model = load_reference(weights)
+    assert model.kind == kind
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 64, 64), torch.tensor(500), torch.tensor([0])).shape == (1, 3, 64, 64)
 
 
-def test_eval_on_a_reference_file_prints_table_json_and_grid(tiny_reference, tmp_path, capsys):
+def test_photographs_come_from_installed_packages_and_two_are_held_out():
+    names = [p.name for p in TRAINING]
+    assert len(names) >= 15 and not set(names) & {p.name for p in HELD_OUT}
+    for photo in (*TRAINING[:3], *HELD_OUT):
+        image = load_photo(photo, 64)
+        assert image.shape[0] == 3 and min(image.shape[1:]) == 64 and image.min() >= -1 and image.max() <= 1
+
+
+def test_eval_on_a_reference_file_prints_table_structure_json_and_grid(tiny_reference, tmp_path, capsys):
     out, grid = tmp_path / "eval.json", tmp_path / "grid.png"
-    argv = ["eval", "--model", str(tiny_reference), "--seeds", "2", "--steps", "2", "--size", "16", "--configs", "tome:0.5", "todo:2", "tomesd:0.5"]
+    argv = [
+        "eval",
+        "--model",
+        str(tiny_reference),
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+        "--size",
+        "32",
+        "--configs",
+        "tome:0.5",
+        "todo:2",
+        "tomesd:0.5",
+    ]
     assert main([*argv, "--json", str(out), "--grid", str(grid)]) == 0
     printed = capsys.readouterr().out
     assert "| tokenmerge r=0.5 |" in printed and "| tomesd 0.1.3 r=0.5 |" in printed and "| tokenmerge todo f=2 |" in printed
-    assert "normalised entropy of top-level self-attention" in printed
+    assert "| trained | 500 |" in printed and "| random twin | 500 |" in printed
+    assert "nearest training crop is from their own photograph" in printed
     results = {r["config"]: r for r in json.loads(out.read_text())["results"]}
     assert set(results) == {"vanilla", "tokenmerge r=0.5", "tokenmerge todo f=2", "tomesd 0.1.3 r=0.5"}
     assert results["vanilla"]["speedup"] == 1.0
     assert np.isfinite(results["tokenmerge r=0.5"]["psnr_mean"]) and 0 < results["tokenmerge r=0.5"]["ssim_mean"] <= 1
     from PIL import Image
 
-    assert Image.open(grid).size[0] == 4 * (16 + 2)  # vanilla + three configurations
+    assert Image.open(grid).size[0] == 4 * (32 + 2)  # vanilla + three configurations
+
+
+def test_nearest_class_check_recognises_crops_of_the_photographs():
+    g = torch.Generator().manual_seed(1)
+    names = [p.name for p in TRAINING[:4]]
+    images, labels = [], []
+    for label, photo in enumerate(TRAINING[:4]):
+        crop = load_photo(photo, 64)[:, :32, :32]
+        images.append(((crop.permute(1, 2, 0).numpy() + 1) / 2).astype(np.float64))
+        labels.append(label)
+    assert nearest_class_accuracy(images, labels, names) >= 0.75
+    noise = [np.random.default_rng(i).random((32, 32, 3)) for i in range(4)]
+    assert nearest_class_accuracy(noise, labels, names) <= 0.75
+    del g
 
 
 def _tiny_pipeline(folder: Path) -> None:
     from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    from tokenmerge.architectures import build_unet
+    from tokenmerge.tools.architectures import build_unet
 
     vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, **{f"{c}</w>": i + 2 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")}}
     vocab.update({c: len(vocab) + i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")})
@@ -84,12 +114,30 @@ def _tiny_pipeline(folder: Path) -> None:
     tokenizer = CLIPTokenizer(str(folder / "tok" / "vocab.json"), str(folder / "tok" / "merges.txt"), model_max_length=77)
     torch.manual_seed(0)
     text_encoder = CLIPTextModel(
-        CLIPTextConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=77)
+        CLIPTextConfig(
+            vocab_size=len(vocab),
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=77,
+        )
     )
-    vae = AutoencoderKL(block_out_channels=[32] * 4, down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4, norm_num_groups=32)
+    vae = AutoencoderKL(
+        block_out_channels=[32] * 4,
+        down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4,
+        norm_num_groups=32,
+    )
     pipe = StableDiffusionPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=build_unet("sd15", small=True), scheduler=DDIMScheduler(),
-        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=build_unet("sd15", small=True),
+        scheduler=DDIMScheduler(),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
     )
     pipe.save_pretrained(folder / "pipe")
 
@@ -97,7 +145,22 @@ def _tiny_pipeline(folder: Path) -> None:
 def test_eval_on_a_local_pipeline_folder(tmp_path, capsys):
     _tiny_pipeline(tmp_path)
     out = tmp_path / "eval.json"
-    argv = ["eval", "--model", str(tmp_path / "pipe"), "--seeds", "2", "--steps", "2", "--size", "128", "--configs", "tome:0.5", "tomesd:0.5", "--json", str(out)]
+    argv = [
+        "eval",
+        "--model",
+        str(tmp_path / "pipe"),
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+        "--size",
+        "128",
+        "--configs",
+        "tome:0.5",
+        "tomesd:0.5",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     assert "StableDiffusionPipeline, 128x128 px" in capsys.readouterr().out
     results = {r["config"]: r for r in json.loads(out.read_text())["results"]}
@@ -122,8 +185,11 @@ def test_compare_metrics_and_config_parsing():
         PatchSpec.parse("tome:0.5,reuse_steps=0")
 
 
-def test_shipped_reference_model_loads():
-    assert default_path().exists()
-    model = load_reference()
+@pytest.mark.parametrize("kind", KINDS)
+def test_shipped_reference_models_load_and_are_small(kind):
+    path = shipped(kind)
+    if not path.exists():
+        pytest.skip(f"no shipped {kind} reference model")
+    model = load_reference(path)
     assert model.num_classes >= 8
-    assert sum(p.numel() for p in model.parameters()) * 2 < 20e6  # fp16 file under ~20 MB
+    assert path.stat().st_size < 20e6

@@ -5,9 +5,11 @@ from __future__ import annotations
 import copy
 import io
 
+import pytest
 import torch
 
 import tokenmerge
+
 from conftest import attn1_token_counts, sd_inputs
 
 HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs")
@@ -107,7 +109,53 @@ def test_tomesd_code_runs_unchanged(sd15_small):
 
     inputs = sd_inputs(sd15_small)
     vanilla = _run(sd15_small, inputs)
-    model = tomesd.apply_patch(sd15_small, ratio=0.5, max_downsample=1, sx=2, sy=2, use_rand=True, merge_attn=True, merge_crossattn=False, merge_mlp=False)
+    model = tomesd.apply_patch(
+        sd15_small, ratio=0.5, max_downsample=1, sx=2, sy=2, use_rand=True, merge_attn=True, merge_crossattn=False, merge_mlp=False
+    )
     assert model is sd15_small
     assert tomesd.remove_patch(sd15_small) is sd15_small
     assert torch.equal(_run(sd15_small, inputs), vanilla)
+
+
+def test_a_tomesd_patch_is_replaced_and_removal_restores_vanilla(sd15_small):
+    import tomesd
+
+    inputs = sd_inputs(sd15_small)
+    vanilla = _run(sd15_small, inputs)
+    tokenmerge.apply_patch(sd15_small, ratio=0.5, seed=1)
+    ours = _run(sd15_small, inputs)
+    tokenmerge.remove_patch(sd15_small)
+    tomesd.apply_patch(sd15_small, ratio=0.5)
+    with pytest.warns(UserWarning, match="patched by tomesd; that patch is removed and replaced"):
+        tokenmerge.apply_patch(sd15_small, ratio=0.5, seed=1)
+    assert torch.equal(_run(sd15_small, inputs), ours)  # only tokenmerge's patch acts (deterministic)
+    tokenmerge.remove_patch(sd15_small)
+    assert torch.equal(_run(sd15_small, inputs), vanilla)
+    assert not any(type(m).__name__ == "ToMeBlock" or "_tome_info" in vars(m) for m in sd15_small.modules())
+    tomesd.apply_patch(sd15_small, ratio=0.5)
+    tokenmerge.remove_patch(sd15_small)  # removes tomesd's patch too: vanilla outputs again
+    assert torch.equal(_run(sd15_small, inputs), vanilla)
+
+
+def test_patched_context_manager_removes_the_patch_also_on_errors(sd15_small):
+    inputs = sd_inputs(sd15_small)
+    vanilla = _run(sd15_small, inputs)
+    with pytest.raises(ZeroDivisionError):
+        with tokenmerge.patched(sd15_small, ratio=0.5) as model:
+            assert model is sd15_small and tokenmerge.get_config(sd15_small).ratio == 0.5
+            raise ZeroDivisionError
+    assert tokenmerge.get_config(sd15_small) is None
+    assert torch.equal(_run(sd15_small, inputs), vanilla)
+
+
+def test_config_argument_and_describe(sd15_small):
+    config = tokenmerge.TokenMergeConfig(ratio=0.4, method="tome", seed=2)
+    with tokenmerge.patched(sd15_small, config=config):
+        assert tokenmerge.get_config(sd15_small) == config
+        description = tokenmerge.describe(sd15_small, grid=(16, 16))
+        text = str(description)
+        assert "UNet2DConditionModel" in text and "merge 102 of 256 tokens (16x16) in attn1" in text
+        assert [b.level for b in description.denoisers[0].patched_blocks] == [1, 1, 1]
+    with pytest.raises(TypeError, match="either in config= or as arguments"):
+        tokenmerge.apply_patch(sd15_small, ratio=0.3, config=config)
+    assert str(tokenmerge.describe(sd15_small)) == "not patched by tokenmerge"

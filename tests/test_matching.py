@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tomesd.merge import bipartite_soft_matching_random2d
 
-from tokenmerge.matching import bipartite_soft_matching, grid_partition, hash_ints, random_offsets
+from tokenmerge.algorithms import bipartite_soft_matching, grid_partition, hash_ints, random_offsets
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -121,7 +121,7 @@ def test_random_offsets_are_deterministic_in_range_and_key_dependent():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_low_precision_merge_stays_close_to_fp32(dtype):
-    x, src, dst, plan = _plan(16, 16, 2, 2, 2, 0.5, False)
+    x, _, _, plan = _plan(16, 16, 2, 2, 2, 0.5, False)
     reference = plan.unmerge(plan.merge(x))
     low = plan.unmerge(plan.merge(x.to(dtype)))
     torch.testing.assert_close(low.float(), reference, atol=2e-2, rtol=2e-2)

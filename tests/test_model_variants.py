@@ -23,6 +23,7 @@ from diffusers import (
 from diffusers.models.attention import BasicTransformerBlock
 
 import tokenmerge
+
 from conftest import attn1_token_counts, sd_inputs
 
 
@@ -73,7 +74,11 @@ def _grid_inputs(batch: int = 2, size: int = 8) -> tuple[torch.Tensor, torch.Ten
     [
         ("layer_norm", {}, lambda b: {}),
         ("ada_norm", {"num_embeds_ada_norm": 10}, lambda b: {"timestep": torch.tensor(3)}),  # one timestep for the batch
-        ("ada_norm_zero", {"num_embeds_ada_norm": 10}, lambda b: {"timestep": torch.tensor([3] * b), "class_labels": torch.tensor([1] * b)}),
+        (
+            "ada_norm_zero",
+            {"num_embeds_ada_norm": 10},
+            lambda b: {"timestep": torch.tensor([3] * b), "class_labels": torch.tensor([1] * b)},
+        ),
         ("ada_norm_single", {}, lambda b: {"timestep": torch.randn(b, 6 * 32, generator=torch.Generator().manual_seed(2))}),
     ],
 )
@@ -103,7 +108,9 @@ def test_ada_norm_continuous():
     model = PooledTransformer2D(num_attention_heads=2, attention_head_dim=16, in_channels=32, cross_attention_dim=24, norm_num_groups=32)
     torch.manual_seed(0)
     model.transformer_blocks = torch.nn.ModuleList(
-        BasicTransformerBlock(32, 2, 16, cross_attention_dim=24, norm_type="ada_norm_continuous", ada_norm_continous_conditioning_embedding_dim=12)
+        BasicTransformerBlock(
+            32, 2, 16, cross_attention_dim=24, norm_type="ada_norm_continuous", ada_norm_continous_conditioning_embedding_dim=12
+        )
         for _ in range(2)
     )
     model.eval()
@@ -240,7 +247,13 @@ def test_controlnet_pipeline_patches_the_unet_and_every_controlnet(controlnet_pi
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         tokenmerge.apply_patch(pipe)
-        patched = [type(m).__name__ for c in pipe.components.values() if isinstance(c, torch.nn.Module) for m in c.modules() if hasattr(m, "_tokenmerge_state")]
+        patched = [
+            type(m).__name__
+            for c in pipe.components.values()
+            if isinstance(c, torch.nn.Module)
+            for m in c.modules()
+            if hasattr(m, "_tokenmerge_state")
+        ]
         tokenmerge.remove_patch(pipe)
         assert sorted(patched) == ["ControlNetModel", "ControlNetModel", "UNet2DConditionModel"]
         counts_by_model = {}

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_todo import key_value_counts
 
 import tokenmerge
-import tokenmerge.hooks
-from conftest import max_rel_diff, sd_inputs
-from test_todo import key_value_counts
-from tokenmerge.comfyui import patch_model
-from tokenmerge.comfyui_models import build_comfy_patcher, comfy_run
+import tokenmerge.hooks.calls
+from tokenmerge.integrations.comfyui import patch_model
 from tokenmerge.planning import auto_kv_factor
+from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
+
+from conftest import max_rel_diff, sd_inputs
 
 
-@pytest.mark.parametrize(
-    ("tokens", "factor"), [(64, 1), (1024, 1), (1025, 2), (4096, 3), (9216, 5), (16384, 6), (65536, 12)]
-)
+@pytest.mark.parametrize(("tokens", "factor"), [(64, 1), (1024, 1), (1025, 2), (4096, 3), (9216, 5), (16384, 6), (65536, 12)])
 def test_auto_factor_leaves_small_grids_and_keeps_about_512_keys(tokens, factor):
     """SD 1.5's top level at 256, 512, 768, 1024 and 2048 px; defaults auto_max_keys=512, auto_min_tokens=1024."""
     assert auto_kv_factor(tokens, 512, 1024) == factor
@@ -24,7 +23,14 @@ def test_auto_factor_leaves_small_grids_and_keeps_about_512_keys(tokens, factor)
 
 @pytest.mark.parametrize(
     ("option", "value", "error"),
-    [("auto_max_keys", 0, ValueError), ("auto_min_tokens", -1, ValueError), ("share_plan", 1, TypeError), ("reuse_steps", 0, ValueError), ("reuse_steps", 1.5, TypeError), ("match_dtype", "fp8", ValueError)],
+    [
+        ("auto_max_keys", 0, ValueError),
+        ("auto_min_tokens", -1, ValueError),
+        ("share_plan", 1, TypeError),
+        ("reuse_steps", 0, ValueError),
+        ("reuse_steps", 1.5, TypeError),
+        ("match_dtype", "fp8", ValueError),
+    ],
 )
 def test_bad_speed_options_name_the_argument(sd15_small, option, value, error):
     with pytest.raises(error, match=option):
@@ -71,13 +77,13 @@ def test_auto_respects_max_downsample(sd15_small):
 def matching_calls(monkeypatch):
     """Count the matchings computed by the diffusers/ldm hooks."""
     calls: list[tuple[int, int]] = []
-    real = tokenmerge.hooks.plan_merge
+    real = tokenmerge.hooks.calls.plan_merge
 
     def counting(x, h, w, *args):
         calls.append((h, w))
         return real(x, h, w, *args)
 
-    monkeypatch.setattr(tokenmerge.hooks, "plan_merge", counting)
+    monkeypatch.setattr(tokenmerge.hooks.calls, "plan_merge", counting)
     return calls
 
 
@@ -105,7 +111,7 @@ def test_reuse_steps_counts_timestep_changes(sd15_small, matching_calls):
         with torch.no_grad():
             for t in (999, 999, 900, 800, 700, 600):  # the repeated 999 is one step called twice (split CFG)
                 sd15_small(**{**inputs, "timestep": torch.tensor(t)})
-        merged = len(sd15_small._tokenmerge_state.merged_blocks())
+        merged = len(tokenmerge.describe(sd15_small).denoisers[0].patched_blocks)
         assert len(matching_calls) == 2 * merged  # steps 0 (999) and 3 (700)
         matching_calls.clear()
         tokenmerge.update_options(sd15_small, reuse_steps=2)  # new options: cached matchings are dropped
@@ -145,8 +151,23 @@ def test_comfyui_node_auto_and_unsupported_options():
     g = torch.Generator().manual_seed(0)
     x, context = torch.randn(2, 4, 16, 16, generator=g), torch.randn(2, 77, 32, generator=g)
     vanilla = comfy_run(patcher, x, context=context)
-    auto = comfy_run(patch_model(patcher, tokenmerge.TokenMergeConfig(method="auto", auto_max_keys=64, auto_min_tokens=64)), x, context=context)
+    auto = comfy_run(
+        patch_model(patcher, tokenmerge.TokenMergeConfig(method="auto", auto_max_keys=64, auto_min_tokens=64)), x, context=context
+    )
     assert 0 < max_rel_diff(auto, vanilla) < 0.5
 
     with pytest.raises(ValueError, match="share_plan"):
         patch_model(patcher, tokenmerge.TokenMergeConfig(share_plan=True))
+
+
+def test_reuse_steps_plan_from_inference_mode_is_reused_with_gradients(sd15_small):
+    """A plan matched under torch.inference_mode() and reused in a later call that trains."""
+    inputs = sd_inputs(sd15_small, 16, 16)
+    with tokenmerge.patched(sd15_small, ratio=0.5, reuse_steps=3):
+        with torch.inference_mode():
+            sd15_small(**{**inputs, "timestep": torch.tensor(900)})
+        out = sd15_small(**{**inputs, "timestep": torch.tensor(800)}).sample  # the same step window: plan reused
+        out.square().mean().backward()
+    grads = [p.grad for p in sd15_small.parameters() if p.grad is not None]
+    sd15_small.zero_grad(set_to_none=True)
+    assert grads and all(torch.isfinite(g).all() for g in grads)

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 import tokenmerge
+from tokenmerge.algorithms import downsample_tokens
+from tokenmerge.integrations.comfyui import TokenMergeNode
+from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
+
 from conftest import ldm_inputs, sd_inputs
-from tokenmerge.comfyui_models import build_comfy_patcher, comfy_run
-from tokenmerge.comfyui import TokenMergeNode
-from tokenmerge.matching import downsample_tokens
 
 
 @contextlib.contextmanager
@@ -92,3 +93,54 @@ def test_downsample_tokens_shapes(h, w, factor):
 def test_todo_options_validate(sd15_small, kwargs, error, match):
     with pytest.raises(error, match=match):
         tokenmerge.apply_patch(sd15_small, **kwargs)
+
+
+@contextlib.contextmanager
+def sdpa_key_counts():
+    """(query tokens, key tokens) of every scaled_dot_product_attention call."""
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    seen: list[tuple[int, int]] = []
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is sdpa:
+                q = args[0] if args else kwargs["query"]
+                k = args[1] if len(args) > 1 else kwargs["key"]
+                seen.append((q.shape[-2], k.shape[-2]))
+            return func(*args, **kwargs)
+
+    with Spy():
+        yield seen
+
+
+@pytest.mark.parametrize("method", ["todo", "auto"])
+@pytest.mark.parametrize("fuse_first", [True, False], ids=["fused-then-patched", "patched-then-fused"])
+@pytest.mark.parametrize("interpolation", ["nearest-exact", "bilinear"])
+def test_fused_qkv_projections_downsample_the_same_keys_and_values(method, fuse_first, interpolation):
+    """fuse_qkv_projections() gives self-attention one to_qkv and no to_kv: keys and values are then
+    downsampled at the attention call, and equal the unfused result up to float rounding."""
+    from tokenmerge.tools.architectures import build_unet
+
+    unet = build_unet("sd15", small=True)
+    inputs = sd_inputs(unet, 16, 16)
+    options = dict(method=method, kv_factor=2, auto_max_keys=64, auto_min_tokens=64, kv_interpolation=interpolation)
+    with torch.no_grad():
+        vanilla = unet(**inputs).sample
+        with tokenmerge.patched(unet, **options):
+            unfused = unet(**inputs).sample
+        if fuse_first:
+            unet.fuse_qkv_projections()
+            tokenmerge.apply_patch(unet, **options)
+        else:
+            tokenmerge.apply_patch(unet, **options)
+            unet.fuse_qkv_projections()
+        with sdpa_key_counts() as seen:
+            fused = unet(**inputs).sample
+        tokenmerge.remove_patch(unet)
+        assert torch.equal(unet(**inputs).sample, unet(**inputs).sample)
+    assert (256, 64) in seen  # the top level's 16x16 queries attend to 8x8 keys
+    torch.testing.assert_close(fused, unfused, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(fused, vanilla)

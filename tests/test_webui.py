@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tokenmerge
+
 from conftest import attn1_token_counts, build_ldm_unet, ldm_inputs
 from sgm_standin import build_sgm_sdxl_unet
 
@@ -69,24 +70,31 @@ def test_webui_call_sequence_first_pass_hires_pass_and_removal(family):
 def test_sgm_additional_tokens_pass_through_merged_attention():
     """sgm's attention prepends additional tokens to the (merged) sequence and cuts them off again."""
     unet = build_sgm_sdxl_unet()
-    container = next(m for m in unet.modules() if type(m).__name__ == "SpatialTransformer")
-    block = container.transformer_blocks[0]
-    dim = block.norm1.normalized_shape[0]
-    tokenmerge.apply_patch(webui_object(unet), ratio=0.5)
     g = torch.Generator().manual_seed(0)
-    tokens, extra, context = torch.randn(2, 64, dim, generator=g), torch.randn(2, 3, dim, generator=g), torch.randn(2, 5, 32, generator=g)
-    with torch.no_grad(), attn1_token_counts(container) as counts:
-        for hook in container._forward_pre_hooks.values():  # the container's grid hook, as its forward would run it
-            hook(container, (torch.randn(2, dim, 8, 8),), {})
-        out = block(tokens, context=context, additional_tokens=extra)
-    tokenmerge.remove_patch(unet)
-    assert counts == [32]  # attn1 received the merged 8x8 grid; the extra tokens are added inside attention
-    assert out.shape == tokens.shape and torch.isfinite(out).all()
+
+    def add_tokens(block, args, kwargs):  # as a model that uses sgm's additional_tokens passes them
+        x = args[0] if args else kwargs["x"]
+        return args, {**kwargs, "additional_tokens": torch.randn(x.shape[0], 3, x.shape[-1], generator=g)}
+
+    handles = [
+        m.register_forward_pre_hook(add_tokens, with_kwargs=True) for m in unet.modules() if type(m).__name__ == "BasicTransformerBlock"
+    ]
+    x, t, context = ldm_inputs(16, 16)
+    try:
+        with tokenmerge.patched(webui_object(unet), ratio=0.5), attn1_token_counts(unet) as counts:
+            out = _run(unet, x, t, context)
+    finally:
+        for h in handles:
+            h.remove()
+    assert 32 in counts and 64 not in counts  # attn1 received the merged 8x8 grid; the extra tokens are added inside
+    assert out.shape == x.shape and torch.isfinite(out).all()
 
 
 @pytest.fixture
 def webui_modules(monkeypatch):
-    """The three webui modules the extension script touches, as minimal stand-ins (the webui is not on PyPI)."""
+    """The webui modules the extension script touches, as minimal stand-ins (the webui is not on PyPI):
+    ``modules.shared`` (opts, OptionInfo with the webui's signature), ``modules.script_callbacks``,
+    ``modules.sd_models`` (A1111's has a ``tomesd`` attribute; Forge's has none) and ``gradio``'s components."""
     settings_callbacks = []
     opts = types.SimpleNamespace(added={})
 
@@ -94,26 +102,47 @@ def webui_modules(monkeypatch):
         opts.added[key] = info
         setattr(opts, key, info.default)
 
+    def option_info(default=None, label="", component=None, component_args=None, onchange=None, section=None, **kwargs):
+        return types.SimpleNamespace(default=default, label=label, component=component, component_args=component_args, section=section)
+
     opts.add_option = add_option
-    shared = types.SimpleNamespace(opts=opts, OptionInfo=lambda default, label, section=None: types.SimpleNamespace(default=default, label=label, section=section))
+    shared = types.SimpleNamespace(opts=opts, OptionInfo=option_info)
     script_callbacks = types.SimpleNamespace(on_ui_settings=settings_callbacks.append)
     sd_models = types.SimpleNamespace(tomesd=None)
+    gradio = types.ModuleType("gradio")
+    for component in ("Radio", "Dropdown", "Slider", "Checkbox", "Number"):
+        setattr(gradio, component, type(component, (), {}))
     modules = types.ModuleType("modules")
     modules.shared, modules.script_callbacks, modules.sd_models = shared, script_callbacks, sd_models
-    for name, module in {"modules": modules, "modules.shared": shared, "modules.script_callbacks": script_callbacks, "modules.sd_models": sd_models}.items():
+    for name, module in {
+        "modules": modules,
+        "modules.shared": shared,
+        "modules.script_callbacks": script_callbacks,
+        "modules.sd_models": sd_models,
+        "gradio": gradio,
+    }.items():
         monkeypatch.setitem(sys.modules, name, module)
-    return types.SimpleNamespace(shared=shared, sd_models=sd_models, settings_callbacks=settings_callbacks)
+    return types.SimpleNamespace(shared=shared, sd_models=sd_models, modules=modules, settings_callbacks=settings_callbacks, gradio=gradio)
 
 
-def test_extension_replaces_tomesd_and_adds_its_settings(webui_modules):
-    path = Path(__file__).parents[1] / "webui_tokenmerge" / "scripts" / "tokenmerge_webui.py"
-    spec = importlib.util.spec_from_file_location("tokenmerge_webui_script", path)
+def _run_extension_script():
+    """What the webui does with an extension's scripts/*.py: execute it under its file name."""
+    path = Path(__file__).parents[1] / "scripts" / "tokenmerge_webui.py"
+    spec = importlib.util.spec_from_file_location(path.name, path)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
+
+def test_extension_replaces_tomesd_and_adds_its_settings_as_choices(webui_modules):
+    _run_extension_script()
     for callback in webui_modules.settings_callbacks:
         callback()
     opts = webui_modules.shared.opts
-    assert set(opts.added) == {f"tokenmerge_{name}" for name in ("method", "kv_factor", "use_rand", "seed", "merge_crossattn")}
+    assert set(opts.added) == {
+        f"tokenmerge_{name}" for name in ("method", "kv_factor", "kv_interpolation", "use_rand", "seed", "merge_crossattn")
+    }
+    method = opts.added["tokenmerge_method"]
+    assert method.component is webui_modules.gradio.Radio and method.component_args["choices"] == ["tome", "todo", "auto"]
+    assert opts.added["tokenmerge_kv_interpolation"].component is webui_modules.gradio.Dropdown
     shim = webui_modules.sd_models.tomesd
     assert shim is not None
 
@@ -123,7 +152,7 @@ def test_extension_replaces_tomesd_and_adds_its_settings(webui_modules):
     apply_token_merging(shim, sd_model, 0.5)
     assert tokenmerge.get_config(sd_model).use_rand is False  # the webui's own request, honoured by default
     apply_token_merging(shim, sd_model, 0)
-    opts.tokenmerge_use_rand, opts.tokenmerge_seed = True, 7
+    opts.tokenmerge_use_rand, opts.tokenmerge_seed = True, 7.0  # gradio's Number gives floats
     apply_token_merging(shim, sd_model, 0.5)
     config = tokenmerge.get_config(sd_model)
     assert config.use_rand is True and config.seed == 7 and config.ratio == 0.5
@@ -136,3 +165,39 @@ def test_extension_replaces_tomesd_and_adds_its_settings(webui_modules):
     assert tokenmerge.get_config(sd_model).method == "todo"
     assert not torch.equal(_run(unet, x, t, context), first)
     apply_token_merging(shim, sd_model, 0)
+
+
+def test_extension_routes_forges_token_merging_through_tokenmerge(webui_modules, monkeypatch):
+    from tokenmerge.tools.comfy_models import build_comfy_patcher
+
+    import forge_standin
+
+    del webui_modules.sd_models.tomesd  # Forge's sd_models has no tomesd
+    forge_tomesd = forge_standin.install_modules(monkeypatch)
+    _run_extension_script()
+    assert forge_tomesd.TomePatcher is not forge_standin.TomePatcher
+
+    sd_model = forge_standin.sd_model_for(build_comfy_patcher("sd15-small"))
+    g = torch.Generator().manual_seed(0)
+    x, context = torch.randn(2, 4, 16, 16, generator=g), torch.randn(2, 7, 32, generator=g)
+    vanilla = forge_standin.sample(sd_model.forge_objects.unet, x, context)
+    seen = []
+    record = lambda n, c, v, extra: (seen.append((n.shape[1], c.shape[1])), (n, c, v))[1]  # noqa: E731
+    for method, expected in (("tome", (128, 128)), ("todo", (256, 64))):
+        webui_modules.shared.opts.tokenmerge_method = method
+        sd_model.forge_objects = sd_model.forge_objects_after_applying_lora.shallow_copy()  # as Forge does per pass
+        forge_standin.apply_token_merging(sd_model, 0.5)
+        patched = sd_model.forge_objects.unet
+        assert isinstance(patched, forge_standin.UnetPatcher) and patched is not sd_model.forge_objects_after_applying_lora.unet
+        patched.set_model_attn1_patch(record)
+        seen.clear()
+        out = forge_standin.sample(patched, x, context)
+        assert expected in seen  # tome: queries, keys and values merged; todo: keys/values downsampled
+        assert torch.isfinite(out).all() and not torch.equal(out, vanilla)
+    assert torch.equal(forge_standin.sample(sd_model.forge_objects_after_applying_lora.unet, x, context), vanilla)
+
+
+def test_extension_warns_where_neither_webui_route_exists(webui_modules):
+    del webui_modules.sd_models.tomesd
+    with pytest.warns(UserWarning, match="neither modules.sd_models.tomesd .* nor backend.misc.tomesd.TomePatcher"):
+        _run_extension_script()

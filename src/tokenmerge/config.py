@@ -1,66 +1,94 @@
-"""The validated option set of one patch.
+"""The validated option set of one patch: the single source of every option's name, default and check.
 
 Arguments are checked once, here, so the hot path (hooks run for every block at every step) can trust
-them. Every error names the argument and the values it accepts.
+them. Every error names the argument and the values it accepts. Numbers are accepted as drop-in code
+passes them (Python, NumPy or 0-d tensor scalars); booleans and strings are not numbers here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= 1, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
+from .algorithms.randomness import fold_seed
 
 METHODS = ("tome", "todo", "auto")
 MATCH_DTYPES = ("float32", "float16", "bfloat16")
 KV_INTERPOLATIONS = ("nearest-exact", "nearest", "bilinear", "bicubic", "area")
 
 
+def _scalar(value: Any) -> Any:
+    """A 0-d tensor's Python value; anything else unchanged."""
+    if type(value).__name__ == "Tensor" and getattr(value, "ndim", None) == 0 and not value.dtype.is_complex:
+        return value.item()
+    return value
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or type(value).__name__ in ("bool_", "bool")
+
+
+def _as_int(name: str, value: Any, allowed: str) -> int:
+    value = _scalar(value)
+    if _is_bool(value) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {allowed}, got {value!r}")
+    return int(value)
+
+
+def _as_real(name: str, value: Any, allowed: str) -> float:
+    value = _scalar(value)
+    if _is_bool(value) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {allowed}, got {value!r}")
+    return float(value)
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    value = _scalar(value)
+    if not _is_bool(value):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _as_choice(name: str, value: Any, choices: tuple[str, ...], none: bool = False) -> str | None:
+    if value is None and none:
+        return None
+    if value not in choices:
+        allowed = ("None or " if none else "") + ", ".join(choices)
+        raise ValueError(f"{name} must be {'one of ' if not none else ''}{allowed}, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class TokenMergeConfig:
-    """Options of ToMe for SD, with tomesd 0.1.3's names and defaults (except ``max_downsample``).
+    """Options of a patch, with tomesd 0.1.3's names and defaults (except ``max_downsample``).
 
     - ratio: fraction of a block's tokens merged away, in [0, 1). At most ``1 - 1/(sx*sy)`` can be
-      reached (one destination token is kept per sx×sy window); more is clamped with a warning.
-    - max_downsample: merge only in blocks whose latent is downsampled at most this much (1, 2, 4,
-      8, ...). ``None`` means the highest-resolution level that has attention: 1 on SD 1.x/2.x, 2 on
-      SDXL (whose top level has no attention, so tomesd's default of 1 does nothing there).
-    - sx, sy: window of the destination grid, in tokens.
-    - use_rand: pick the destination token of each window at random (derived from ``seed``, the
-      block and the timestep; see ``tokenmerge.matching.random_partition``) instead of top-left.
+      reached (one destination token is kept per sx×sy window); more warns and uses that maximum.
+    - max_downsample: merge only in blocks whose latent is downsampled at most this much (1, 2, 4, 8, ...).
+      ``None`` means the highest-resolution level that has attention: 1 on SD 1.x/2.x, 2 on SDXL (whose top
+      level has no attention, so tomesd's default of 1 does nothing there). Transformers (SD3, Flux, PixArt)
+      have one level, 1: any value other than ``None`` is rejected there.
+    - sx, sy: window of the destination grid, in tokens (on a transformer: in patch tokens).
+    - use_rand: pick the destination token of each window at random (derived from ``seed``, the block and
+      the timestep; see :mod:`tokenmerge.algorithms.randomness`) instead of top-left.
     - merge_attn / merge_crossattn / merge_mlp: which sub-layers run on the merged tokens.
-    - seed: seed of the random partition. ``None`` means 0: results never depend on earlier calls.
-    - method: ``"tome"`` (token merging, the default) or ``"todo"`` (token downsampling, arXiv
-      2402.13573: queries keep every token, self-attention keys and values come from a copy of the
-      tokens downsampled by ``kv_factor`` with ``kv_interpolation``; no matching, no unmerge;
-      ``ratio``, ``sx``, ``sy``, ``use_rand``, ``seed`` and the ``merge_*`` options do not apply), or
-      ``"auto"`` (token downsampling with a factor picked per block from its token count, on every level
-      up to ``max_downsample``: grids of at most ``auto_min_tokens`` tokens are left alone, larger ones
-      get the smallest integer factor that leaves at most ``auto_max_keys`` keys; see
-      :func:`tokenmerge.planning.auto_kv_factor`).
+    - seed: seed of the random partition, any int (all its bits count). ``None`` means 0.
+    - method: ``"tome"`` (token merging), ``"todo"`` (token downsampling, arXiv 2402.13573: queries keep
+      every token, self-attention keys and values come from a copy of the image tokens downsampled by
+      ``kv_factor`` with ``kv_interpolation``; ``ratio``, ``sx``, ``sy``, ``use_rand``, ``seed`` and the
+      ``merge_*`` options do not apply), or ``"auto"`` (token downsampling with a factor picked per block
+      from its token count: see :func:`tokenmerge.planning.auto_kv_factor`).
     - auto_max_keys, auto_min_tokens: method auto's key budget per self-attention (lower is faster and
-      coarser) and the grid size below which a block is left alone.
-    - share_plan: one matching per level and call, computed in the level's first block and reused by
-      the others (ToMe; changes the result, saves the matching of every other block).
-    - reuse_steps: reuse a block's matching for this many consecutive denoising steps (ToMe; 1 = match
-      at every step, tomesd's behaviour). Steps are counted by changes of the timestep, so results then
-      depend on the calls before: :func:`tokenmerge.apply_patch` or ``update_options`` starts afresh.
-    - match_dtype: dtype of the similarity matmul (``None`` = the tokens' dtype, as tomesd). On CPUs with
-      bf16 matrix units ``"bfloat16"`` makes the matching ~2-3x cheaper; near-ties may then pair differently.
+      coarser) and the grid size up to which a block is left alone.
+    - share_plan: one matching per level and call, computed in the level's first block and reused by the
+      others (ToMe; changes the result, saves the matching of every other block).
+    - reuse_steps: reuse a block's matching for this many consecutive denoising steps (ToMe; 1 = match at
+      every step, as tomesd). Steps are counted per thread by changes of the timestep.
+    - match_dtype: dtype of the similarity matmul (``None`` = the tokens' dtype, as tomesd).
     """
 
     ratio: float = 0.5
@@ -82,34 +110,31 @@ class TokenMergeConfig:
     match_dtype: str | None = None
 
     def __post_init__(self) -> None:
-        ratio = self.ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
-            raise TypeError(f"ratio must be a number in [0, 1), got {ratio!r}")
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        ratio = _as_real("ratio", self.ratio, "a number in [0, 1)")
         if math.isnan(ratio) or not 0 <= ratio < 1:
-            raise ValueError(f"ratio must be a number in [0, 1), got {ratio!r}")
-        object.__setattr__(self, "ratio", float(ratio))
-        _check_positive_int("sx", self.sx)
-        _check_positive_int("sy", self.sy)
-        md = self.max_downsample
-        if md is not None:
-            if isinstance(md, bool) or not isinstance(md, int) or md < 1 or md & (md - 1):
-                raise ValueError(
-                    f"max_downsample must be None (auto) or a power of two such as 1, 2, 4 or 8, got {md!r}"
-                )
+            raise ValueError(f"ratio must be a number in [0, 1), got {self.ratio!r}")
+        put("ratio", ratio)
+        for name in ("sx", "sy", "kv_factor", "reuse_steps", "auto_max_keys", "auto_min_tokens"):
+            value = _as_int(name, getattr(self, name), "an int >= 1")
+            if value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            put(name, value)
+        if self.max_downsample is not None:
+            allowed = "None (auto) or a power of two such as 1, 2, 4 or 8"
+            md = _as_int("max_downsample", self.max_downsample, allowed)
+            if md < 1 or md & (md - 1):
+                raise ValueError(f"max_downsample must be {allowed}, got {md!r}")
+            put("max_downsample", md)
         for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_plan"):
-            _check_bool(name, getattr(self, name))
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise TypeError(f"seed must be None or an int, got {self.seed!r}")
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
-        _check_positive_int("kv_factor", self.kv_factor)
-        if self.kv_interpolation not in KV_INTERPOLATIONS:
-            raise ValueError(f"kv_interpolation must be one of {', '.join(KV_INTERPOLATIONS)}, got {self.kv_interpolation!r}")
-        _check_positive_int("reuse_steps", self.reuse_steps)
-        _check_positive_int("auto_max_keys", self.auto_max_keys)
-        _check_positive_int("auto_min_tokens", self.auto_min_tokens)
-        if self.match_dtype is not None and self.match_dtype not in MATCH_DTYPES:
-            raise ValueError(f"match_dtype must be None or one of {', '.join(MATCH_DTYPES)}, got {self.match_dtype!r}")
+            put(name, _as_bool(name, getattr(self, name)))
+        if self.seed is not None:
+            put("seed", _as_int("seed", self.seed, "None or an int"))
+        _as_choice("method", self.method, METHODS)
+        _as_choice("kv_interpolation", self.kv_interpolation, KV_INTERPOLATIONS)
+        _as_choice("match_dtype", self.match_dtype, MATCH_DTYPES, none=True)
 
     @property
     def max_ratio(self) -> float:
@@ -132,17 +157,18 @@ class TokenMergeConfig:
             return False
         return self.ratio == 0 if self.method == "tome" else self.kv_factor == 1
 
-    def merge_level(self, top_level: int) -> int:
-        """The lowest resolution (largest downsampling factor) patched: ``max_downsample``, else
-        ``top_level`` (the model's highest-resolution level with attention) for tome/todo, and every
-        level for auto, whose per-block rule leaves small grids alone."""
+    def merges_level(self, level: int, top_level: int) -> bool:
+        """Whether blocks at downsampling ``level`` are patched: up to ``max_downsample``, else up to
+        ``top_level`` (the model's highest-resolution level with attention) for tome/todo, and every level
+        for auto, whose per-block rule leaves small grids alone."""
         if self.max_downsample is not None:
-            return self.max_downsample
-        return 1 << 30 if self.method == "auto" else top_level
+            return level <= self.max_downsample
+        return self.method == "auto" or level <= top_level
 
     @property
-    def effective_seed(self) -> int:
-        return 0 if self.seed is None else self.seed
+    def seed_key(self) -> int:
+        """The 32-bit key of ``seed`` (all of its bits folded in)."""
+        return fold_seed(0 if self.seed is None else self.seed)
 
     def replace(self, **changes: Any) -> TokenMergeConfig:
         check_option_names(changes)
@@ -150,6 +176,9 @@ class TokenMergeConfig:
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TokenMergeConfig))
+DEFAULTS = TokenMergeConfig()
+# tomesd 0.1.3's positional parameters, in its order; every other option is keyword-only.
+TOMESD_PARAMETERS = ("ratio", "max_downsample", "sx", "sy", "use_rand", "merge_attn", "merge_crossattn", "merge_mlp")
 
 
 def check_option_names(options: dict[str, Any]) -> None:

@@ -1,39 +1,53 @@
-"""One block's merge plan from its input tokens, options, identity and timestep (shared by all front ends)."""
+"""What each transformer block does in one call: the single decision shared by every front end.
+
+The hooks (diffusers, ldm/sgm, the DiT adapters) and the ComfyUI patch callables only gather the facts (the
+block's level, its tokens and their grid, the timestep) and call :func:`decide`; they never decide
+themselves.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from .algorithms import MergePlan, batch_metric, bipartite_soft_matching, grid_partition, hash_ints, random_offsets, timestep_keys
 from .config import TokenMergeConfig
-from .matching import MergePlan, bipartite_soft_matching, grid_partition, hash32, random_offsets
+
+_BLOCK_SALT = 0x70E
 
 
-def timestep_keys(block_key: int, seed: int, timestep: torch.Tensor | None, batch: int, device: torch.device) -> torch.Tensor:
-    """One 32-bit key per sample from (seed, block, timestep); samples with equal timesteps share a key.
+@dataclass(frozen=True)
+class BlockAction:
+    """One block's work in one call: merge with ``plan`` (tome), or downsample the keys and values of its
+    ``kv_grid`` image tokens by ``kv_factor`` (todo/auto), or nothing."""
 
-    ``timestep`` may hold one value, one per sample, or one per group of samples (video frames).
-    """
-    base = torch.tensor([block_key ^ seed], device=device, dtype=torch.int64)
-    if timestep is None:
-        return hash32(base)
-    t = timestep.flatten().to(device)
-    if t.numel() != 1:
-        t = t.repeat_interleave(batch // t.numel()) if batch % t.numel() == 0 else t[:1]
-    # Quantise so that fractional timesteps and sigmas (k-diffusion samplers) still give distinct keys.
-    quantised = (t.float() * 64).round().to(torch.int64)
-    return hash32(base ^ hash32(quantised))
+    plan: MergePlan | None = None
+    kv_grid: tuple[int, int] | None = None
+    kv_factor: int = 1
+
+    @property
+    def idle(self) -> bool:
+        return self.plan is None and self.kv_grid is None
+
+
+IDLE = BlockAction()
+
+
+def block_key(*identity: int) -> int:
+    """The random-partition key of a block from its identity (index, or ComfyUI's stage/index/block)."""
+    return hash_ints(_BLOCK_SALT, *identity)
 
 
 def auto_kv_factor(tokens: int, max_keys: int, min_tokens: int) -> int:
-    """method="auto": the key/value downsampling factor of a block with ``tokens`` tokens.
+    """method="auto": the key/value downsampling factor of a block with ``tokens`` image tokens.
 
     Grids of at most ``min_tokens`` tokens are left alone (factor 1): there attention is cheap next to
-    the block's projections and MLP, and downsampling does not pay (measured on CPU: 0.96x on a 32x32
-    SD 1.5 block). Larger grids get the smallest integer factor f >= 2 with tokens / f**2 <= max_keys,
-    so attention cost stays about linear in the token count. Integer (not power-of-two) factors keep
-    the key count near the budget at every resolution.
+    the block's projections and MLP, and downsampling does not pay. Larger grids get the smallest integer
+    factor f >= 2 with tokens / f**2 <= max_keys, so attention cost stays about linear in the token count.
+    Integer (not power-of-two) factors keep the key count near the budget at every resolution.
     """
     if tokens <= min_tokens:
         return 1
@@ -41,21 +55,53 @@ def auto_kv_factor(tokens: int, max_keys: int, min_tokens: int) -> int:
 
 
 def kv_factor_for(config: TokenMergeConfig, tokens: int) -> int:
-    """The key/value downsampling factor of a block with ``tokens`` tokens: fixed for method todo, the
-    per-block rule for auto (1 = leave the block alone)."""
+    """The key/value downsampling factor of a block with ``tokens`` image tokens (1 = leave it alone)."""
     if config.method == "auto":
         return auto_kv_factor(tokens, config.auto_max_keys, config.auto_min_tokens)
     return config.kv_factor
 
 
 def plan_merge(
-    x: torch.Tensor, h: int, w: int, config: TokenMergeConfig, block_key: int, timestep: torch.Tensor | None
+    x: torch.Tensor,
+    h: int,
+    w: int,
+    config: TokenMergeConfig,
+    key: int,
+    timestep: torch.Tensor | None,
+    shared_by_batch: bool = False,
 ) -> MergePlan | None:
-    """Match the (B, h*w, C) tokens ``x`` and return how to merge ``int(h*w*ratio)`` of them (or None)."""
+    """Match the (B, h*w, C) tokens ``x`` and return how to merge ``int(h*w*ratio)`` of them (or None).
+
+    ``shared_by_batch``: one plan for all samples (where a position table shared by the batch must follow
+    the merge, as Flux's rotary table), matched on the mean of the samples' normalised tokens, with the
+    first sample's timestep for the random partition.
+    """
+    metric = batch_metric(x) if shared_by_batch else x
+    if shared_by_batch and timestep is not None:
+        timestep = timestep.flatten()[:1]
     offsets = None
     if config.use_rand:
-        keys = timestep_keys(block_key, config.effective_seed, timestep, x.shape[0], x.device)
+        keys = timestep_keys(key, config.seed_key, timestep, metric.shape[0], x.device)
         offsets = random_offsets(keys, (h // config.sy) * (w // config.sx), config.sx * config.sy)
     src, dst = grid_partition(h, w, config.sx, config.sy, offsets, x.device)
     dtype = None if config.match_dtype is None else getattr(torch, config.match_dtype)
-    return bipartite_soft_matching(x, src, dst, int(h * w * config.ratio), dtype)
+    return bipartite_soft_matching(metric, src, dst, int(h * w * config.ratio), dtype)
+
+
+def decide(
+    config: TokenMergeConfig,
+    *,
+    level: int,
+    top_level: int,
+    grid: tuple[int, int] | None,
+    make_plan: Callable[[], MergePlan | None],
+) -> BlockAction:
+    """The block's action: nothing (identity options, a level not patched, no grid), a key/value factor
+    (todo/auto) or a merge plan (tome, from ``make_plan``, which may come from a cache)."""
+    if config.is_identity or grid is None or not config.merges_level(level, top_level):
+        return IDLE
+    if config.method != "tome":
+        factor = kv_factor_for(config, grid[0] * grid[1])
+        return BlockAction(kv_grid=grid, kv_factor=factor) if factor > 1 else IDLE
+    plan = make_plan()
+    return IDLE if plan is None else BlockAction(plan=plan)

@@ -1,82 +1,83 @@
-"""Find the denoisers and spatial transformer blocks of any supported model object.
+"""Find the denoisers of any supported model object, one adapter per model family.
 
-Accepted: a diffusers ``DiffusionPipeline`` (every component with supported blocks: the UNet, each
-ControlNet, ...), a diffusers ``ModelMixin`` with ``BasicTransformerBlock``s, the latent-diffusion
-object the webui passes (``model.model.diffusion_model``) and a bare ``ldm``/``sgm`` ``UNetModel``.
-Classes are recognised by name along the MRO, so neither diffusers nor ldm has to be importable.
+Accepted: a diffusers ``DiffusionPipeline`` (every component with supported blocks: the UNet or
+transformer, each ControlNet, ...), a diffusers model (UNet, SD3, Flux, PixArt, DiT, ControlNets), the
+latent-diffusion object the webui passes (``model.model.diffusion_model``) and a bare ``ldm``/``sgm``
+``UNetModel``. Classes are recognised by name along the MRO, so no model library has to be importable.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from . import diffusers, ldm
-from .base import DenoiserLayout, SpatialContainer, has_class_named, transformer_blocks
+from . import ldm, transformers, unet
+from .base import BlockLayout, Container, DenoiserLayout, KeyValueSite, Span, has_class_named
 
-__all__ = ["DenoiserLayout", "SpatialContainer", "find_denoisers", "patch_root", "ACCEPTED"]
+__all__ = ["ACCEPTED", "BlockLayout", "Container", "DenoiserLayout", "Discovery", "KeyValueSite", "Span", "discover", "roots_of"]
 
-_FAMILIES = (diffusers, ldm)
+# Tried in this order on every module, outermost first; a module claimed by one family is not searched again.
+_FAMILIES = (
+    transformers.sd3_layout,
+    transformers.flux_layout,
+    transformers.patch_transformer_layout,
+    unet.layout,
+    ldm.layout,
+    unet.loose_container,
+)
 
 ACCEPTED = (
-    "a diffusers DiffusionPipeline, a diffusers ModelMixin with BasicTransformerBlocks (UNet2DConditionModel, "
-    "ControlNetModel, UNetMotionModel, ...), a latent-diffusion object with .model.diffusion_model (as the webui "
-    "passes), or an ldm/sgm UNetModel"
+    "a diffusers DiffusionPipeline, a diffusers UNet (UNet2DConditionModel, ControlNetModel, UNetMotionModel, ...), an "
+    "SD3, Flux, PixArt or DiT transformer (and their ControlNets), a latent-diffusion object with .model.diffusion_model "
+    "(as the webui passes), or an ldm/sgm UNetModel"
 )
 
 
-def patch_root(model: object) -> torch.nn.Module:
-    """What tomesd's ``remove_patch`` returns: a pipeline's ``unet``, else the model itself."""
-    unet = getattr(model, "unet", None)
-    return model if unet is None else unet  # type: ignore[return-value]
-
-
-def _candidates(model: object) -> list[torch.nn.Module]:
+def roots_of(model: object) -> list[torch.nn.Module]:
+    """The modules of ``model`` that may hold denoisers: a pipeline's components, the webui object's
+    ``model.diffusion_model``, or the module itself."""
     if has_class_named(model, "DiffusionPipeline"):
         components = getattr(model, "components", {}) or {}
         return [m for m in components.values() if isinstance(m, torch.nn.Module)]
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"tokenmerge cannot patch a {type(model).__name__}; expected {ACCEPTED}")
+        return []
     inner = getattr(getattr(model, "model", None), "diffusion_model", None)
     return [inner] if isinstance(inner, torch.nn.Module) else [model]
 
 
-def _layouts_in(candidate: torch.nn.Module) -> list[DenoiserLayout]:
+@dataclass
+class Discovery:
+    """What one walk over a model found: its denoisers, and the torch.compile wrappers inside it."""
+
+    layouts: list[DenoiserLayout]
+    compiled: list[str]
+
+
+def discover(model: object) -> Discovery:
+    """Every denoiser of ``model`` with at least one supported block (one walk over its modules)."""
+    roots = roots_of(model)
+    if not roots:
+        raise TypeError(f"tokenmerge cannot patch a {type(model).__name__}; expected {ACCEPTED}")
     layouts: list[DenoiserLayout] = []
     claimed: set[int] = set()
-    for module in candidate.modules():
-        for family in _FAMILIES:
-            if family.is_denoiser(module) and id(module) not in claimed:
-                found = [c for c in family.containers(module) if c.blocks and id(c.module) not in claimed]
-                if found:
-                    layouts.append(DenoiserLayout(module, found))
-                    claimed.update(id(c.module) for c in found)
-    # Spatial transformers outside any UNet (a bare Transformer2DModel, say) sit at level 1.
-    loose = [
-        SpatialContainer(m, blocks, 1)
-        for m in candidate.modules()
-        for family in _FAMILIES
-        if family.is_container(m) and id(m) not in claimed and (blocks := transformer_blocks(m))
-    ]
-    if loose:
-        layouts.append(DenoiserLayout(candidate, loose))
-    return layouts
-
-
-def compiled_parts(model: object) -> list[str]:
-    """Names of the ``torch.compile`` wrappers (``OptimizedModule``) in ``model``'s modules."""
-    return [name or type(c).__name__ for c in _candidates(model) for name, m in c.named_modules() if type(m).__name__ == "OptimizedModule"]
-
-
-def find_denoisers(model: object) -> list[DenoiserLayout]:
-    """Every denoiser of ``model`` with at least one supported block; ``TypeError`` if there is none."""
-    candidates = _candidates(model)
-    layouts = [layout for c in candidates for layout in _layouts_in(c)]
+    compiled: list[str] = []
+    for root in roots:
+        for name, module in root.named_modules():
+            if type(module).__name__ == "OptimizedModule":
+                compiled.append(name or type(module).__name__)
+            if id(module) in claimed:
+                continue
+            for family in _FAMILIES:
+                found = family(module)
+                if found is not None:
+                    layouts.append(found)
+                    claimed.update(id(m) for m in found.root.modules())
+                    break
     if not layouts:
-        unsupported = sorted({type(m).__name__ for c in candidates for m in c.modules() if transformer_blocks(m)})
-        found = f"; its transformer blocks sit in {', '.join(unsupported)}, which tokenmerge does not support yet" if unsupported else ""
         raise TypeError(
-            f"{type(model).__name__} has no transformer blocks that tokenmerge can patch{found}. "
-            f"Supported blocks live in a diffusers Transformer2DModel / TransformerSpatioTemporalModel or an "
-            f"ldm/sgm SpatialTransformer; tokenmerge accepts {ACCEPTED}"
+            f"{type(model).__name__} has no transformer blocks that tokenmerge can patch. Supported: spatial transformers "
+            f"of UNets (diffusers Transformer2DModel / TransformerSpatioTemporalModel, ldm/sgm SpatialTransformer) and the "
+            f"SD3, Flux, PixArt and DiT transformers; tokenmerge accepts {ACCEPTED}"
         )
-    return layouts
+    return Discovery(layouts, compiled)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from .base import SpatialContainer, containers_in, has_class_named
+from .base import BlockLayout, DenoiserLayout, basic_block, containers_in, has_class_named
 
 
 def is_container(module: torch.nn.Module) -> bool:
     return has_class_named(module, "SpatialTransformer")  # also sgm's SpatialVideoTransformer
 
 
-def is_denoiser(module: torch.nn.Module) -> bool:
+def is_unet(module: torch.nn.Module) -> bool:
     return all(isinstance(getattr(module, name, None), torch.nn.Module) for name in ("input_blocks", "middle_block", "output_blocks"))
 
 
@@ -19,17 +19,24 @@ def _has_module_named(block: torch.nn.Module, name: str) -> bool:
     return any(type(m).__name__ == name for m in block.modules())
 
 
-def containers(root: torch.nn.Module) -> list[SpatialContainer]:
-    """Walk input, middle and output blocks in execution order, tracking the resolution level."""
-    found: list[SpatialContainer] = []
+def _block(module: torch.nn.Module) -> BlockLayout:
+    # ldm/sgm blocks checkpoint their own ``_forward``; its backward re-runs it without the block's hooks.
+    return basic_block(module, recompute_method="_forward" if callable(getattr(type(module), "_forward", None)) else None)
+
+
+def layout(module: torch.nn.Module) -> DenoiserLayout | None:
+    """Input, middle and output blocks in execution order, the resolution level tracked through the samplers."""
+    if not is_unet(module):
+        return None
+    found = []
     level = 1
-    for block in root.input_blocks:
-        found += containers_in(block, level, is_container)
+    for block in module.input_blocks:
+        found += containers_in(block, level, is_container, _block)
         if _has_module_named(block, "Downsample"):
             level *= 2
-    found += containers_in(root.middle_block, level, is_container)
-    for block in root.output_blocks:
-        found += containers_in(block, level, is_container)
+    found += containers_in(module.middle_block, level, is_container, _block)
+    for block in module.output_blocks:
+        found += containers_in(block, level, is_container, _block)
         if _has_module_named(block, "Upsample"):
             level //= 2
-    return found
+    return DenoiserLayout(module, found, "ldm/sgm UNet") if found else None

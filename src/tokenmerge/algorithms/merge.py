@@ -7,46 +7,17 @@ result is a :class:`MergePlan` that shrinks (B, N, C) tensors to (B, N - r, C) a
 
 Only gather, scatter_add and elementwise ops are used (no ``scatter_reduce(mean)``, which MPS, XPU,
 DirectML and ONNX lack), and unmerging is a single gather.
+
+Ties: a source whose two best destinations score equally (within float rounding) may pair with either;
+which one wins depends on the order of float operations, so it can differ between CPUs and between two
+implementations of the same rule (tomesd's own results differ between machines there).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import math
-
 import torch
-import torch.nn.functional as F
-
-_MASK32 = 0xFFFFFFFF
-_HASH_MULT = 0x45D9F3B
-_GOLDEN = 0x9E3779B9
-
-
-def hash32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer mixing function on int64 tensors (values kept below 2**32, so no overflow).
-
-    Computed with plain integer ops on the tensor's own device: the random partition is the same on
-    every device, needs no generator state and no host synchronisation.
-    """
-    x = x & _MASK32
-    x = (((x >> 16) ^ x) * _HASH_MULT) & _MASK32
-    x = (((x >> 16) ^ x) * _HASH_MULT) & _MASK32
-    return (x >> 16) ^ x
-
-
-def hash_ints(*values: int) -> int:
-    """Fold Python ints (seed, block index, ...) into one 32-bit key with :func:`hash32`."""
-    key = 0
-    for v in values:
-        key = int(hash32(torch.tensor((key ^ (v & _MASK32)) & _MASK32)))
-    return key
-
-
-def random_offsets(keys: torch.Tensor, num_windows: int, choices: int) -> torch.Tensor:
-    """One pseudo-random offset in [0, choices) per window, for each row's key: (B, num_windows)."""
-    windows = torch.arange(num_windows, device=keys.device, dtype=torch.int64)
-    return hash32(hash32(keys[:, None]) ^ hash32(windows * _GOLDEN)) % choices
 
 
 def grid_partition(
@@ -77,6 +48,7 @@ class MergePlan:
 
     The merged sequence is ``[unmerged sources (best-matched first) | destinations]``, the layout of
     tomesd. ``unmerge_idx`` maps every original position to the merged slot that holds its value.
+    A plan with batch size 1 applies to every sample of a batch (a plan shared by the batch).
     """
 
     keep_idx: torch.Tensor  # (B, N - r) original position of each merged slot
@@ -90,23 +62,33 @@ class MergePlan:
         return self.unmerge_idx.shape[1]
 
     @property
+    def num_kept(self) -> int:
+        return self.keep_idx.shape[1]
+
+    @property
     def batch_size(self) -> int:
         return self.unmerge_idx.shape[0]
 
+    @staticmethod
+    def _index(idx: torch.Tensor, batch: int, channels: int) -> torch.Tensor:
+        return idx[..., None].expand(batch, -1, channels)
+
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         """Average each merged source into its destination: (B, N, C) -> (B, N - r, C)."""
-        c = x.shape[-1]
-        kept = x.gather(1, self.keep_idx[..., None].expand(-1, -1, c))
-        src = x.gather(1, self.src_idx[..., None].expand(-1, -1, c))
-        kept = kept.scatter_add(1, self.dst_slot[..., None].expand(-1, -1, c), src)
+        b, c = x.shape[0], x.shape[-1]
+        kept = x.gather(1, self._index(self.keep_idx, b, c))
+        src = x.gather(1, self._index(self.src_idx, b, c))
+        kept = kept.scatter_add(1, self._index(self.dst_slot, b, c), src)
         return kept / self.counts.to(x.dtype)
 
     def unmerge(self, y: torch.Tensor) -> torch.Tensor:
         """Copy each slot's value back to every position it stands for: (B, N - r, C) -> (B, N, C)."""
-        return y.gather(1, self.unmerge_idx[..., None].expand(-1, -1, y.shape[-1]))
+        return y.gather(1, self._index(self.unmerge_idx, y.shape[0], y.shape[-1]))
 
     def rows(self, start: int, stop: int) -> MergePlan:
         """The plan of batch rows [start, stop), for callers that process a batch in chunks."""
+        if self.batch_size == 1:
+            return self
         return MergePlan(*(t[start:stop] for t in (self.keep_idx, self.src_idx, self.dst_slot, self.counts, self.unmerge_idx)))
 
 
@@ -149,11 +131,6 @@ def bipartite_soft_matching(
     return MergePlan(keep_idx, src_idx, dst_slot, counts[..., None], unmerge_idx)
 
 
-def downsample_tokens(x: torch.Tensor, h: int, w: int, factor: int, mode: str) -> torch.Tensor:
-    """Token downsampling (ToDo): (B, h*w, C) -> (B, ceil(h/f)*ceil(w/f), C) by spatial interpolation."""
-    if factor == 1:
-        return x
-    b, _, c = x.shape
-    grid = x.transpose(1, 2).reshape(b, c, h, w)
-    size = (math.ceil(h / factor), math.ceil(w / factor))
-    return F.interpolate(grid, size=size, mode=mode).flatten(2).transpose(1, 2)
+def batch_metric(metric: torch.Tensor) -> torch.Tensor:
+    """One (1, N, C) metric for a plan shared by the batch: the mean of the samples' unit-normalised tokens."""
+    return (metric / metric.norm(dim=-1, keepdim=True)).mean(0, keepdim=True)

@@ -4,9 +4,10 @@ Every configuration samples the same seeds, conditions and initial noise as vani
 final images are compared pairwise with PSNR, SSIM (scikit-image) and relative L2, and reported as mean
 and standard deviation over seeds, with the wall time and speed-up measured in the same run.
 
-Models: the shipped reference model (``tokenmerge.reference``, default: a small trained UNet, the only
-honest yardstick on machines without downloadable SD weights), a reference-format ``.safetensors``
-file, or a user's diffusers pipeline folder (then the conditions are text prompts).
+Models: a shipped reference model (:mod:`tokenmerge.tools.reference`: a small trained UNet by default, an
+SD3-style or Flux-style transformer; the only honest yardstick on machines without downloadable SD
+weights), a reference-format ``.safetensors`` file, or a user's diffusers pipeline folder (then the
+conditions are text prompts).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .variants import PatchSpec, available
+from .specs import PatchSpec, available
 
 PROMPTS = ("a photograph of a cat", "a mountain lake at dawn", "a bowl of fruit on a table", "a red car in the city")
 
@@ -69,35 +70,43 @@ def compare(image: np.ndarray, reference: np.ndarray) -> tuple[float, float, flo
 
 
 class ReferenceSampler:
-    """Samples the reference model: condition = photograph class (seed modulo the number of classes)."""
+    """Samples a reference model: condition = photograph class (seed modulo the number of classes)."""
 
-    def __init__(self, path: str | Path | None, size: int, steps: int, guidance: float) -> None:
-        from .reference import load_reference
+    def __init__(self, path: str | Path, size: int, steps: int, guidance: float) -> None:
+        from .reference.models import load_reference
 
+        self.path = Path(path)
         self.model = load_reference(path)
         self.size, self.steps, self.guidance = size, steps, guidance
-        self.target = self.model.unet
+        self.target = self.model.denoiser
 
     def describe(self) -> str:
-        return f"reference model ({self.model.num_classes} photograph classes), {self.size}x{self.size} px"
+        return (
+            f"reference model {self.path.name} ({self.model.kind}, {self.model.num_classes} photograph classes), {self.size}x{self.size} px"
+        )
+
+    def label(self, seed: int) -> int:
+        return seed % self.model.num_classes
 
     def __call__(self, seed: int) -> np.ndarray:
-        from .reference import sample
+        from .reference.models import sample
 
-        labels = torch.tensor([seed % self.model.num_classes])
+        labels = torch.tensor([self.label(seed)])
         noise = torch.randn(1, 3, self.size, self.size, generator=torch.Generator().manual_seed(seed))
         image = sample(self.model, labels, noise, steps=self.steps, guidance=self.guidance)
         return ((image[0].permute(1, 2, 0).numpy() + 1) / 2).astype(np.float64)
 
 
 class PipelineSampler:
-    """Samples a user's diffusers pipeline folder with text prompts and a DDIM scheduler."""
+    """Samples a user's diffusers pipeline folder with text prompts (UNet pipelines with DDIM; transformer
+    pipelines with their own flow-matching scheduler)."""
 
     def __init__(self, path: str | Path, size: int, steps: int, guidance: float) -> None:
         from diffusers import DDIMScheduler, DiffusionPipeline
 
         self.pipe = DiffusionPipeline.from_pretrained(str(path))
-        self.pipe.scheduler = DDIMScheduler.from_config(self.pipe.scheduler.config)
+        if "unet" in self.pipe.components:
+            self.pipe.scheduler = DDIMScheduler.from_config(self.pipe.scheduler.config)
         self.pipe.set_progress_bar_config(disable=True)
         self.size, self.steps, self.guidance = size, steps, guidance
         self.target = self.pipe
@@ -118,13 +127,23 @@ class PipelineSampler:
         return out.images[0].astype(np.float64)
 
 
-def make_sampler(model: str | None, size: int, steps: int, guidance: float):
-    if model is None or str(model).endswith(".safetensors"):
+def make_sampler(model: str | None, size: int, steps: int, guidance: float) -> ReferenceSampler | PipelineSampler:
+    """``model``: None (the shipped UNet reference model), a shipped kind (``unet``, ``sd3``, ``flux``, ``unet-v1``),
+    a reference ``.safetensors`` file, or a diffusers pipeline folder."""
+    from .reference.models import KINDS, shipped
+
+    if model is None or model in KINDS:
+        path = shipped(model or "unet")
+        if model is None and not path.exists():
+            path = shipped("unet-v1")
+        return ReferenceSampler(path, size, steps, guidance)
+    if str(model).endswith(".safetensors"):
         return ReferenceSampler(model, size, steps, guidance)
     if Path(model).is_dir():
         return PipelineSampler(model, size, steps, guidance)
     raise FileNotFoundError(
-        f"--model must be a diffusers pipeline folder or a reference .safetensors file, got {model!r}"
+        f"--model must be one of {', '.join(KINDS)} (a shipped reference model), a reference .safetensors file or a "
+        f"diffusers pipeline folder; got {model!r}"
     )
 
 
@@ -135,30 +154,34 @@ def run_eval(
     target: Any,
     progress: Callable[[], None] = lambda: None,
 ) -> tuple[list[Result], dict[str, list[np.ndarray]]]:
-    """Interleaved per seed: vanilla, then each configuration, from the same seed and noise."""
+    """Per seed, vanilla and every configuration from the same seed and noise, in an order rotated from seed
+    to seed (so that no configuration always runs first); each image is then compared with vanilla's."""
+    runs: list[PatchSpec | None] = [None, *configs]
     results = {"vanilla": Result("vanilla")} | {c.name: Result(c.name) for c in configs}
     images: dict[str, list[np.ndarray]] = {name: [] for name in results}
-    for seed in seeds:
-        t0 = time.perf_counter()
-        reference = sampler(seed)
-        results["vanilla"].seconds += time.perf_counter() - t0
-        images["vanilla"].append(reference)
-        progress()
-        for config in configs:
-            config.patch(target)
+    for round_index, seed in enumerate(seeds):
+        shift = round_index % len(runs)
+        produced: dict[str, np.ndarray] = {}
+        for config in runs[shift:] + runs[:shift]:
+            name = "vanilla" if config is None else config.name
+            if config is not None:
+                config.patch(target)
             try:
                 t0 = time.perf_counter()
-                image = sampler(seed)
-                results[config.name].seconds += time.perf_counter() - t0
+                produced[name] = sampler(seed)
+                results[name].seconds += time.perf_counter() - t0
             finally:
-                config.unpatch(target)
-            images[config.name].append(image)
-            psnr, ssim, rel = compare(image, reference)
-            result = results[config.name]
-            result.psnr.append(psnr)
-            result.ssim.append(ssim)
-            result.rel_l2.append(rel)
+                if config is not None:
+                    config.unpatch(target)
             progress()
+        reference = produced["vanilla"]
+        for name, image in produced.items():
+            images[name].append(image)
+            if name != "vanilla":
+                psnr, ssim, rel = compare(image, reference)
+                results[name].psnr.append(psnr)
+                results[name].ssim.append(ssim)
+                results[name].rel_l2.append(rel)
     base = results["vanilla"].seconds
     for result in results.values():
         result.speedup = base / result.seconds if result.seconds else float("nan")
@@ -201,31 +224,48 @@ def save_grid(images: dict[str, list[np.ndarray]], path: str | Path, rows: int =
     canvas.save(path)
 
 
-def entropy_of_top_attention(unet: torch.nn.Module, run: Callable[[], Any]) -> float:
-    """Mean normalised entropy of the self-attention rows of the highest-resolution blocks during ``run``.
+def structure_table(sampler: ReferenceSampler, timesteps: tuple[int, ...] = (100, 500, 900)) -> str:
+    """Attention structure of the reference model and of its randomly initialised twin, on noised crops of
+    held-out photographs at the evaluation size (see :mod:`tokenmerge.tools.reference.structure`)."""
+    from .reference.models import ReferenceModel
+    from .reference.train import held_out_batch, structure_of
 
-    1.0 is uniform attention (what random weights give); a trained model attends selectively."""
-    from .adapters import find_denoisers
+    model = sampler.model
+    torch.manual_seed(0)
+    twin = ReferenceModel(model.kind, model.num_classes, model.class_names).eval()
+    x0 = held_out_batch(sampler.size)
+    lines = [
+        f"highest-resolution self-attention on noised held-out photographs, {sampler.size}x{sampler.size} px:",
+        "| model | t | normalised entropy | mean attention distance (x uniform) |",
+        "|---|---|---|---|",
+    ]
+    for name, m in (("trained", model), ("random twin", twin)):
+        for row in structure_of(m, x0, timesteps):
+            lines.append(
+                f"| {name} | {row['timestep']} | {row['entropy']:.3f} | {row['distance']:.1f} tokens ({row['distance_ratio']:.2f}) |"
+            )
+    return "\n".join(lines)
 
-    layout = find_denoisers(unet)[0]
-    blocks = [b for c in layout.containers if c.level == layout.top_level for b in c.blocks]
-    entropies: list[float] = []
 
-    def record(attn: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        x = args[0]
-        b, n, _ = x.shape
-        heads = attn.heads
-        q = attn.to_q(x).view(b, n, heads, -1).transpose(1, 2)
-        k = attn.to_k(x).view(b, n, heads, -1).transpose(1, 2)
-        p = (q @ k.transpose(-1, -2) * attn.scale).softmax(-1)
-        entropy = -(p * p.clamp_min(1e-12).log()).sum(-1) / np.log(n)
-        entropies.append(entropy.mean().item())
+def nearest_class_accuracy(images: list[np.ndarray], labels: list[int], class_names: list[str], crops_per_photo: int = 256) -> float:
+    """Fraction of samples whose nearest training crop (L2 at 16x16, over random crops of every training
+    photograph) comes from the photograph the sample was conditioned on: do samples look like their class?"""
+    import torch.nn.functional as F
 
-    handles = [b.attn1.register_forward_hook(record, with_kwargs=True) for b in blocks]
-    try:
-        with torch.no_grad():
-            run()
-    finally:
-        for h in handles:
-            h.remove()
-    return statistics.fmean(entropies)
+    from .reference.photos import TRAINING, load_photo, random_crops
+
+    photos = {p.name: p for p in TRAINING}
+    bank, bank_labels = [], []
+    g = torch.Generator().manual_seed(0)
+    for label, name in enumerate(class_names):
+        if name not in photos:  # a model trained on photographs this version does not list (unet-v1)
+            continue
+        image = load_photo(photos[name], 128)
+        crops, _ = random_crops([image], crops_per_photo, 16, g, torch.zeros(crops_per_photo, dtype=torch.long))
+        bank.append(crops.flatten(1))
+        bank_labels += [label] * crops_per_photo
+    samples = torch.stack([torch.from_numpy(im).float().permute(2, 0, 1) * 2 - 1 for im in images])
+    samples = F.interpolate(samples, size=(16, 16), mode="area").flatten(1)
+    nearest = torch.cdist(samples, torch.cat(bank)).argmin(1)
+    predicted = [bank_labels[i] for i in nearest.tolist()]
+    return float(np.mean([p == label for p, label in zip(predicted, labels)]))

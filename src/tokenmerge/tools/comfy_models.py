@@ -59,20 +59,42 @@ _SDXL_SMALL = {
 CONFIGS = {"sd15": _SD15, "sd15-small": _SD15_SMALL, "sdxl-small": _SDXL_SMALL}
 
 
-def import_comfy() -> Any:
-    """Import ComfyUI's package with its argument parsing on and ``--cpu``."""
+ATTENTION_FLAGS = {"default": [], "pytorch": ["--use-pytorch-cross-attention"], "sub-quadratic": ["--use-quad-cross-attention"]}
+
+
+def import_comfy(attention: str = "default") -> Any:
+    """Import ComfyUI's package with its argument parsing on, ``--cpu``, and the attention backend's flag.
+
+    ComfyUI picks its attention function once, at import: a second call with another backend raises."""
+    if attention not in ATTENTION_FLAGS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_FLAGS)}, got {attention!r}")
+    if "comfy.model_management" in sys.modules:
+        chosen = getattr(import_comfy, "attention", "default")
+        if attention != chosen:
+            raise RuntimeError(f"ComfyUI was already imported with attention={chosen!r}; its backend is chosen once per process")
+        import comfy
+
+        return comfy
+    import_comfy.attention = attention  # type: ignore[attr-defined]
     saved = sys.argv
-    sys.argv = ["comfyui", "--cpu"]
+    sys.argv = ["comfyui", "--cpu", *ATTENTION_FLAGS[attention]]
     try:
         import comfy.options
 
         comfy.options.enable_args_parsing()
-        import comfy.model_management  # noqa: F401  (parses the arguments)
+        import comfy.model_management
         import comfy.model_patcher
         import comfy.supported_models
     finally:
         sys.argv = saved
     return comfy
+
+
+def attention_backend() -> str:
+    """The name of the attention function ComfyUI's UNet uses in this process."""
+    import comfy.ldm.modules.attention as attention
+
+    return attention.optimized_attention.__name__
 
 
 def reinit_all(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

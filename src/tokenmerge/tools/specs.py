@@ -10,8 +10,8 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import apply_patch, remove_patch
-from .config import OPTION_NAMES, TokenMergeConfig
+from .. import apply_patch, remove_patch
+from ..config import OPTION_NAMES, TokenMergeConfig
 
 METHODS = ("tome", "todo", "auto", "tomesd")
 _FORMAT = "tome:0.5, todo:2, auto or tomesd:0.5, optionally followed by ,option=value"
@@ -49,9 +49,7 @@ class PatchSpec:
         for extra in extras:
             name, eq, text = extra.partition("=")
             if not eq or name not in OPTION_NAMES or method == "tomesd":
-                raise ValueError(
-                    f"{spec!r}: options are name=value with a tokenmerge option ({', '.join(OPTION_NAMES)}), not for tomesd"
-                )
+                raise ValueError(f"{spec!r}: options are name=value with a tokenmerge option ({', '.join(OPTION_NAMES)}), not for tomesd")
             options[name] = _parse_value(text)
         parsed = cls(method, None if method == "auto" else float(value), options)
         if method != "tomesd":

@@ -1,0 +1,95 @@
+"""``tokenmerge.describe(model)``: what a patch does, block by block, in a readable form."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .adapters import roots_of
+from .algorithms import downsampled_size
+from .config import TokenMergeConfig
+from .hooks import PatchState, states_in
+from .planning import kv_factor_for
+
+
+@dataclass(frozen=True)
+class BlockDescription:
+    index: int
+    kind: str  # the block's class
+    level: int  # downsampling factor of its token grid (1: the highest resolution)
+    spans: tuple[str, ...]  # merged stretches: "attn1", "ff", "attn+mlp", ...
+    patched: bool  # whether the options reach this block's level
+    action: str  # what it does (for a given grid, if one was given)
+
+    def __str__(self) -> str:
+        return f"  block {self.index:>3}  {self.kind:<28} level {self.level:<3} {self.action}"
+
+
+@dataclass(frozen=True)
+class DenoiserDescription:
+    name: str  # the denoiser's class
+    family: str
+    top_level: int
+    config: TokenMergeConfig
+    blocks: tuple[BlockDescription, ...]
+
+    @property
+    def patched_blocks(self) -> tuple[BlockDescription, ...]:
+        return tuple(b for b in self.blocks if b.patched)
+
+    def __str__(self) -> str:
+        header = (
+            f"{self.name} ({self.family}): {len(self.patched_blocks)} of {len(self.blocks)} blocks patched, method={self.config.method}"
+        )
+        return "\n".join([header, *map(str, self.blocks)])
+
+
+@dataclass(frozen=True)
+class PatchDescription:
+    denoisers: tuple[DenoiserDescription, ...]
+
+    @property
+    def config(self) -> TokenMergeConfig | None:
+        return self.denoisers[0].config if self.denoisers else None
+
+    def __str__(self) -> str:
+        return "\n".join(map(str, self.denoisers)) if self.denoisers else "not patched by tokenmerge"
+
+    __repr__ = __str__
+
+
+def _action(config: TokenMergeConfig, spans: tuple[str, ...], level: int, grid: tuple[int, int] | None) -> str:
+    if config.is_identity:
+        return "unchanged (identity options)"
+    if grid is None:
+        what = "merge tokens" if config.method == "tome" else "downsample keys/values"
+        return f"{what} ({', '.join(spans) if config.method == 'tome' else config.method})"
+    h, w = math.ceil(grid[0] / level), math.ceil(grid[1] / level)
+    n = h * w
+    if config.method == "tome":
+        r = min(int(n * config.ratio), n - (h // config.sy) * (w // config.sx))
+        return f"merge {r} of {n} tokens ({h}x{w}) in {', '.join(spans)}" if r > 0 else f"unchanged ({h}x{w} grid too small)"
+    factor = kv_factor_for(config, n)
+    if factor == 1:
+        return f"unchanged ({n} tokens: at most auto_min_tokens)" if config.method == "auto" else "unchanged"
+    kh, kw = downsampled_size(h, w, factor)
+    return f"keys/values {n} -> {kh * kw} (factor {factor}, {h}x{w} -> {kh}x{kw})"
+
+
+def _describe(patch: PatchState, grid: tuple[int, int] | None) -> DenoiserDescription:
+    config, layout = patch.config, patch.layout
+    enabled = {name for name in ("merge_attn", "merge_crossattn", "merge_mlp") if getattr(config, name)}
+    blocks = []
+    for info in patch.blocks:
+        spans = tuple(s.name for s in info.layout.spans if s.option in enabled)
+        patched = not config.is_identity and config.merges_level(info.level, layout.top_level)
+        action = _action(config, spans, info.level, grid) if patched else "unchanged (level not patched)"
+        blocks.append(BlockDescription(info.index, info.layout.kind, info.level, spans, patched, action))
+    return DenoiserDescription(type(layout.root).__name__, layout.family, layout.top_level, config, tuple(blocks))
+
+
+def describe(model: Any, grid: tuple[int, int] | None = None) -> PatchDescription:
+    """Which blocks a patch reaches and what each does; with ``grid`` (the token grid of the highest-resolution
+    level: the latent's (h, w) for a UNet, the patch grid for a transformer), what each does at that size."""
+    return PatchDescription(tuple(_describe(patch, grid) for _, patch in states_in(roots_of(model))))

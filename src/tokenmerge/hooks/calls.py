@@ -1,0 +1,246 @@
+"""Hooks that open and close a call, capture each container's token grid, and decide each block's action."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from ..algorithms import MergePlan
+from ..planning import IDLE, decide, plan_merge
+from .state import BlockCall, CallState, PatchState, in_backward
+
+_INPUT_NAMES = ("hidden_states", "x", "sample")
+
+
+def first_tensor(args: tuple, kwargs: dict[str, Any], names: tuple[str, ...] = _INPUT_NAMES) -> Any:
+    """The module's main input: the first positional argument, or the first of ``names`` passed by keyword."""
+    if args:
+        return args[0]
+    return next((kwargs[name] for name in names if name in kwargs), None)
+
+
+def replace_first(args: tuple, kwargs: dict[str, Any], value: torch.Tensor, names: tuple[str, ...] = _INPUT_NAMES):
+    """(args, kwargs) with the main input replaced by ``value``."""
+    if args:
+        return (value, *args[1:]), kwargs
+    key = next(name for name in names if name in kwargs)
+    return args, {**kwargs, key: value}
+
+
+class BeginCall:
+    """Forward pre-hook on the denoiser: open this thread's call (or, in backward, the recorded one)."""
+
+    def __init__(self, patch: PatchState) -> None:
+        self.patch = patch
+        self.timestep = patch.layout.timestep_reader()
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        patch = self.patch
+        x = first_tensor(args, kwargs)
+        if not torch.compiler.is_compiling() and in_backward():
+            # A checkpointed denoiser recomputed in backward: replay the decisions of its forward call.
+            recorded = patch.recorded(x) if isinstance(x, torch.Tensor) else None
+            call = recorded or CallState(patch.config, self._timestep(args, kwargs), -1)
+            call.recomputing = True
+            patch.push(call)
+            return
+        t = self._timestep(args, kwargs)
+        config = patch.config
+        step = -1
+        if config.reuse_steps > 1:
+            # A new denoising step is a new timestep value (reading it syncs with the device, so only here).
+            cache = patch.step_cache()
+            value = None if t is None else t.flatten().tolist()
+            if value is None or value != cache.last_timestep:
+                cache.step += 1
+                cache.last_timestep = value
+            step = cache.step
+        call = CallState(config, t, step)
+        patch.push(call)
+        if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and not torch.compiler.is_compiling():
+            patch.record(x, call)
+
+    def _timestep(self, args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
+        t = self.timestep(args, kwargs) if self.timestep is not None else None
+        if t is not None and not isinstance(t, torch.Tensor):
+            t = torch.tensor(t)
+        return t
+
+
+class EndCall:
+    """Forward hook (always called, also when the forward raises) on the denoiser: close this thread's call."""
+
+    def __init__(self, patch: PatchState) -> None:
+        self.patch = patch
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        call = self.patch.current()
+        if call is not None:
+            call.recomputing = False
+            self.patch.pop(call)
+
+
+class CaptureGrid:
+    """Forward pre-hook on a container: its input gives the token grid of its blocks in this call."""
+
+    def __init__(self, patch: PatchState, index: int) -> None:
+        self.patch = patch
+        self.index = index
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        call = self.patch.current()
+        if call is None or (call.recomputing and self.index in call.grids):
+            return
+        call.grids[self.index] = self.patch.layout.containers[self.index].grid(args, kwargs)
+
+
+class PlanBlock:
+    """Forward pre-hook on a transformer block: decide its action for this call from its input tokens.
+
+    In backward (a checkpointed block recomputed) the decision of the forward call is replayed instead;
+    where grad is enabled, the block input is anchored so that the call outlives its forward.
+    """
+
+    def __init__(self, patch: PatchState, index: int) -> None:
+        self.patch = patch
+        self.index = index
+        self.warned = False
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
+        patch = self.patch
+        info = patch.blocks[self.index]
+        x = info.input(args, kwargs)
+        call = patch.current()
+        if not torch.compiler.is_compiling() and in_backward():
+            if call is not None and call.recomputing and self.index in call.blocks:
+                call.blocks[self.index].begin()
+                return None
+            if call is None or not call.recomputing:
+                recorded = patch.recorded(x) if isinstance(x, torch.Tensor) else None
+                if recorded is None:
+                    raise_lost_call(patch, self.index)
+                patch.push(recorded)
+                patch.mark_block_entry(self.index)
+                block = recorded.blocks.setdefault(self.index, BlockCall(IDLE))
+                block.begin()
+                return None
+        if call is None:  # the block runs outside a call of its denoiser (called directly): leave it alone
+            return None
+        text_tokens = 0
+        if info.text is not None:
+            text = info.text(args, kwargs)
+            text_tokens = text.shape[1] if isinstance(text, torch.Tensor) else 0
+        block = BlockCall(self._decide(x, call, info), text_tokens)
+        call.blocks[self.index] = block
+        if call.recomputing or not isinstance(x, torch.Tensor) or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return None
+        # A checkpointed block may be recomputed in backward: find this call again by the block's input.
+        if x.requires_grad and not block.action.idle:
+            return self._replace_input(args, kwargs, info, patch.anchor(x, call))
+        patch.record(x, call)
+        return None
+
+    @staticmethod
+    def _replace_input(args: tuple, kwargs: dict[str, Any], info: Any, x: torch.Tensor):
+        if info.input.name in kwargs:
+            return args, {**kwargs, info.input.name: x}
+        position = info.input.position
+        return (*args[:position], x, *args[position + 1 :]), kwargs
+
+    def _decide(self, x: Any, call: CallState, info: Any):
+        grid = call.grids.get(info.container)
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or grid is None:
+            if not call.config.is_identity and call.config.merges_level(info.level, self.patch.layout.top_level):
+                self._warn_once("could not read its (batch, tokens, channels) input or its token grid; it runs unchanged")
+            return IDLE
+        if x.shape[1] != grid[0] * grid[1]:
+            self._warn_once(f"got {x.shape[1]} tokens for a {grid[0]}x{grid[1]} grid; it runs unchanged")
+            return IDLE
+        return decide(
+            call.config,
+            level=info.level,
+            top_level=self.patch.layout.top_level,
+            grid=grid,
+            make_plan=lambda: self._plan(x, grid, call, info),
+        )
+
+    def _plan(self, x: torch.Tensor, grid: tuple[int, int], call: CallState, info: Any) -> MergePlan | None:
+        config = call.config
+        h, w = grid
+        fresh = lambda: plan_merge(x, h, w, config, info.key, call.timestep, info.plan_shared_by_batch)  # noqa: E731
+        if not (config.share_plan or config.reuse_steps > 1):
+            return fresh()
+        key = ("level", info.level) if config.share_plan else ("block", self.index)
+        shape = (x.shape[0], x.shape[1], h, w)
+        if config.reuse_steps == 1 or call.recomputing:
+            cached = call.level_plans.get(key)
+            if cached is None or cached[0] != shape:
+                cached = call.level_plans[key] = (shape, fresh())
+            return cached[1]
+        cache = self.patch.step_cache()
+        cached = cache.plans.get(key)
+        if cached is None or cached[0] != shape or call.step - cached[1] >= config.reuse_steps:
+            cached = cache.plans[key] = (shape, call.step, fresh())
+        plan = cached[2]
+        if plan is not None and torch.is_grad_enabled() and plan.keep_idx.is_inference():
+            # Planned under torch.inference_mode(), reused with gradients: inference tensors cannot be saved.
+            plan = MergePlan(*(t.clone() for t in (plan.keep_idx, plan.src_idx, plan.dst_slot, plan.counts, plan.unmerge_idx)))
+            cache.plans[key] = (shape, cached[1], plan)
+        return plan
+
+    def _warn_once(self, message: str) -> None:
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"tokenmerge: transformer block {self.index}: {message}", stacklevel=4)
+
+
+class EndBlock:
+    """Forward hook (always called) on a block: close the recorded call a recompute of this block replayed."""
+
+    def __init__(self, patch: PatchState, index: int) -> None:
+        self.patch = patch
+        self.index = index
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        self.patch.leave_block_entry(self.index)
+
+
+class RecomputeEntry:
+    """Stands in for an ldm/sgm block's ``_forward`` (an instance attribute, removed with the patch).
+
+    These blocks checkpoint ``self._forward`` themselves, and their backward re-runs it without going
+    through the block's hooks; this replays the forward call's decisions there. In forward it only calls
+    the class's ``_forward``."""
+
+    def __init__(self, patch: PatchState, index: int, block: torch.nn.Module, method: str) -> None:
+        self.patch = patch
+        self.index = index
+        self.block = block
+        self.method = method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        run = getattr(type(self.block), self.method).__get__(self.block)
+        if not in_backward():
+            return run(*args, **kwargs)
+        patch = self.patch
+        x = patch.blocks[self.index].input(args, kwargs)
+        recorded = patch.recorded(x) if isinstance(x, torch.Tensor) else None
+        if recorded is None:
+            raise_lost_call(patch, self.index)
+        recorded.blocks.setdefault(self.index, BlockCall(IDLE)).begin()
+        patch.push(recorded)
+        try:
+            return run(*args, **kwargs)
+        finally:
+            patch.pop(recorded)
+
+
+def raise_lost_call(patch: PatchState, index: int) -> None:
+    raise RuntimeError(
+        f"tokenmerge: transformer block {index} is recomputed in backward (gradient checkpointing), but the forward call "
+        "it belongs to was not recorded or is gone: its forward ran without grad enabled, or more than "
+        f"{patch.RECENT_CALLS} forward calls ago with no input requiring grad. Recomputing it with another call's "
+        "plan would give wrong gradients. Run the forward with grad enabled, or remove the patch for this training run"
+    )

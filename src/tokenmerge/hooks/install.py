@@ -1,0 +1,74 @@
+"""Attach one patch's hooks to a denoiser from its adapter layout, and take them off again."""
+
+from __future__ import annotations
+
+import torch
+
+from ..adapters import DenoiserLayout
+from ..adapters.base import Argument
+from ..config import TokenMergeConfig
+from ..planning import block_key
+from .attention import CloseKeyValueMode, DownsampleKeysValues
+from .calls import BeginCall, CaptureGrid, EndBlock, EndCall, PlanBlock, RecomputeEntry
+from .state import BlockInfo, PatchState
+from .tokens import EnterSpan, EnterSpanOnOutput, GatherRotary, LeaveSpan
+
+STATE_ATTR = "_tokenmerge_state"
+
+
+def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
+    patch = PatchState(config, layout)
+    add = patch.handles.append
+    root = layout.root
+    add(root.register_forward_pre_hook(BeginCall(patch), with_kwargs=True))
+    add(root.register_forward_hook(EndCall(patch), with_kwargs=True, always_call=True))
+    for c, container in enumerate(layout.containers):
+        add(container.module.register_forward_pre_hook(CaptureGrid(patch, c), with_kwargs=True))
+        for block in container.blocks:
+            index = len(patch.blocks)
+            text = Argument(block.module, block.text_name) if block.text_name else None
+            patch.blocks.append(
+                BlockInfo(
+                    index,
+                    container.level,
+                    block_key(index),
+                    c,
+                    Argument(block.module, block.input_name),
+                    text,
+                    block.plan_shared_by_batch,
+                    block,
+                )
+            )
+            add(block.module.register_forward_pre_hook(PlanBlock(patch, index), with_kwargs=True))
+            add(block.module.register_forward_hook(EndBlock(patch, index), with_kwargs=True, always_call=True))
+            if block.recompute_method is not None:
+                setattr(block.module, block.recompute_method, RecomputeEntry(patch, index, block.module, block.recompute_method))
+                patch.wrapped.append((block.module, block.recompute_method))
+            for s, span in enumerate(block.spans):
+                if span.enter_on_output:
+                    add(span.enter.register_forward_hook(EnterSpanOnOutput(patch, index, s, span.enter_index)))
+                else:
+                    mask = next((site.mask_kwarg for site in block.kv_sites if site.module is span.enter), None)
+                    add(span.enter.register_forward_pre_hook(EnterSpan(patch, index, s, mask), with_kwargs=True))
+                for attention in span.rotary:
+                    add(attention.register_forward_pre_hook(GatherRotary(patch, index, s), with_kwargs=True))
+                add(span.leave.register_forward_hook(LeaveSpan(patch, index, s, span.leave_index)))
+            for k, site in enumerate(block.kv_sites):
+                add(site.module.register_forward_pre_hook(DownsampleKeysValues(patch, index, k), with_kwargs=True))
+                add(site.module.register_forward_hook(CloseKeyValueMode(patch, index), with_kwargs=True, always_call=True))
+    setattr(root, STATE_ATTR, patch)
+    return patch
+
+
+def uninstall(root: torch.nn.Module, patch: PatchState) -> None:
+    for handle in patch.handles:
+        handle.remove()
+    for module, attribute in patch.wrapped:
+        if attribute in vars(module):
+            delattr(module, attribute)
+    delattr(root, STATE_ATTR)
+
+
+def states_in(roots: list[torch.nn.Module]) -> list[tuple[torch.nn.Module, PatchState]]:
+    """Every patched denoiser under ``roots`` with its state."""
+    return [(m, s) for root in roots for m in root.modules() if isinstance(s := vars(m).get(STATE_ATTR), PatchState)]

@@ -1,0 +1,207 @@
+"""State of a patch: what is fixed (options, blocks) and what belongs to one forward call.
+
+A patched model can be called from several threads at once (a server sharing one pipeline) and recomputed
+in backward (gradient checkpointing), so nothing about one call may live on objects that other calls
+share. The denoiser's pre-hook opens a :class:`CallState` (timestep, token grids, each block's decision)
+on a stack that belongs to the calling thread; every inner hook reads the call on top of its thread's
+stack; the denoiser's post-hook closes it (also when the forward raises).
+
+Recomputation: a checkpointed block (or a whole checkpointed denoiser) runs again during backward, after
+other calls may have run. When grad is enabled, the call's state is registered under the storage of the
+block's (and the denoiser's) input tensor, and held alive by an identity autograd node on the block input,
+so it lives exactly as long as the graph that may recompute it. In backward, the hooks find the recorded
+call by that input and replay its decisions; without a record a recompute raises rather than guess.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from ..config import TokenMergeConfig
+from ..planning import BlockAction
+
+
+def in_backward() -> bool:
+    """True while the autograd engine runs a backward pass in this thread (checkpoint recomputation)."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return current is not None and current() != -1
+
+
+def storage_key(x: torch.Tensor) -> tuple:
+    """What identifies a tensor's data across ``detach()`` / ``view_as()`` (the forms checkpointing replays)."""
+    return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, str(x.device))
+
+
+@dataclass
+class BlockCall:
+    """One block's decision in one call, and where its merged spans stand right now."""
+
+    action: BlockAction
+    text_tokens: int = 0  # text tokens in front of the image tokens of its [text; image] spans (Flux)
+    active: dict[int, Any] = field(default_factory=dict)  # span index -> plan its input was merged with
+    chunk_cursor: int = 0
+
+    def begin(self) -> None:
+        """Start (or restart, when recomputed) the block's execution."""
+        self.active.clear()
+        self.chunk_cursor = 0
+
+
+@dataclass
+class CallState:
+    """One forward call of a patched denoiser."""
+
+    config: TokenMergeConfig  # the options in force when the call began
+    timestep: torch.Tensor | None
+    step: int
+    grids: dict[int, tuple[int, int] | None] = field(default_factory=dict)  # container index -> (h, w)
+    blocks: dict[int, BlockCall] = field(default_factory=dict)
+    level_plans: dict[tuple, Any] = field(default_factory=dict)  # share_plan: one matching per level and call
+    recomputing: bool = False
+
+
+class _Anchor(torch.autograd.Function):
+    """Identity on a block's input that keeps the call's state alive as long as the graph through it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, call: CallState) -> torch.Tensor:
+        ctx.call = call
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+@dataclass
+class StepCache:
+    """``reuse_steps`` / ``share_plan``: matchings kept across calls, per thread (a generation runs in one
+    thread, so concurrent generations never see each other's plans). Reset when the options change."""
+
+    epoch: int
+    step: int = -1
+    last_timestep: list[float] | None = None
+    plans: dict[tuple, tuple] = field(default_factory=dict)  # key -> (shape, step, plan)
+
+
+@dataclass
+class BlockInfo:
+    """Fixed facts of one patched block."""
+
+    index: int
+    level: int
+    key: int  # of the random partition
+    container: int
+    input: Any  # adapters.base.Argument: the block's image tokens
+    text: Any  # Argument of the text tokens (Flux single-stream blocks) or None
+    plan_shared_by_batch: bool
+    layout: Any  # adapters.BlockLayout
+
+
+class PatchState:
+    """Options and fixed facts of one patched denoiser; per-call facts live on per-thread call stacks."""
+
+    RECENT_CALLS = 8  # grad-enabled calls kept for recomputation even where no block input requires grad
+
+    def __init__(self, config: TokenMergeConfig, layout: Any) -> None:
+        self.config = config
+        self.layout = layout  # adapters.DenoiserLayout
+        self.blocks: list[BlockInfo] = []
+        self.handles: list[RemovableHandle] = []
+        self.wrapped: list[tuple[torch.nn.Module, str]] = []  # (module, attribute) of removable wrappers
+        self.epoch = 0
+        self.__setstate__({})
+
+    # -- options ---------------------------------------------------------------------------------------
+    def set_config(self, config: TokenMergeConfig) -> None:
+        """New options for the calls that begin from now on; cached matchings are dropped."""
+        self.config = config
+        self.epoch += 1
+
+    # -- the calling thread's calls ----------------------------------------------------------------------
+    def _stack(self) -> list[CallState]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def current(self) -> CallState | None:
+        stack = self._stack()
+        return stack[-1] if stack else None
+
+    def push(self, call: CallState) -> None:
+        self._stack().append(call)
+
+    def pop(self, call: CallState) -> None:
+        stack = self._stack()
+        if stack and stack[-1] is call:
+            stack.pop()
+
+    def mark_block_entry(self, index: int) -> None:
+        """A recomputed block pushed its recorded call: the block's post-hook pops it."""
+        entries = getattr(self._local, "entries", None)
+        if entries is None:
+            entries = self._local.entries = []
+        entries.append((index, self.current()))
+
+    def leave_block_entry(self, index: int) -> None:
+        entries = getattr(self._local, "entries", None)
+        if entries and entries[-1][0] == index:
+            _, call = entries.pop()
+            self.pop(call)
+
+    def open_mode(self, module: torch.nn.Module, mode: Any) -> None:
+        """Remember an SDPA mode a pre-hook entered for ``module``'s call in this thread."""
+        modes = getattr(self._local, "modes", None)
+        if modes is None:
+            modes = self._local.modes = []
+        modes.append((module, mode))
+
+    def close_mode(self, module: torch.nn.Module) -> Any:
+        modes = getattr(self._local, "modes", None)
+        if modes and modes[-1][0] is module:
+            return modes.pop()[1]
+        return None
+
+    def step_cache(self) -> StepCache:
+        cache = getattr(self._local, "cache", None)
+        if cache is None or cache.epoch != self.epoch:
+            cache = self._local.cache = StepCache(self.epoch)
+        return cache
+
+    # -- recomputation in backward ----------------------------------------------------------------------
+    def record(self, x: torch.Tensor, call: CallState) -> None:
+        key = storage_key(x)
+        with self._lock:
+            if len(self._records) > 4096:  # drop records whose graphs are gone
+                self._records = {k: r for k, r in self._records.items() if r() is not None}
+            self._records[key] = weakref.ref(call)
+            if not self._recent or self._recent[-1] is not call:
+                self._recent.append(call)
+
+    def recorded(self, x: torch.Tensor) -> CallState | None:
+        with self._lock:
+            ref = self._records.get(storage_key(x))
+        return None if ref is None else ref()
+
+    def anchor(self, x: torch.Tensor, call: CallState) -> torch.Tensor:
+        """``x`` as an identity node of the graph that keeps ``call`` alive; ``call`` is found again by ``x``."""
+        self.record(x, call)
+        return _Anchor.apply(x, call)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_records", "_recent", "_lock", "_local")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._records: dict[tuple, weakref.ref] = {}
+        self._recent: deque[CallState] = deque(maxlen=self.RECENT_CALLS)
+        self._lock = threading.Lock()
+        self._local = threading.local()

@@ -1,0 +1,222 @@
+"""ComfyUI integration through ComfyUI's own attention patch points (no ComfyUI code is copied or patched).
+
+:func:`patch_model` clones the MODEL (a ``ModelPatcher``) and registers a :class:`ComfyTokenMerge` with
+``set_model_attn1_patch`` / ``set_model_attn1_output_patch`` (and the attn2 pair for ``merge_crossattn``).
+Unlike ComfyUI's built-in TomePatchModel, which merges only the queries of self-attention, the keys and
+values are merged too (full ToMe, as tomesd does), which is where the speed-up comes from.
+
+Differences from the diffusers/ldm hooks, forced by what the patch points see:
+
+- the similarity is computed on ``norm1(x)`` (the tensor handed to the attn1 patch), not on the block input;
+- a block's token grid is recovered from the UNet input's (H, W) (``original_shape``): the level ``d`` whose
+  ``ceil(H/d) * ceil(W/d)`` equals the token count; blocks where none matches are left alone with a warning;
+- ComfyUI has no patch point around the MLP, so ``merge_mlp`` is not offered.
+
+``method="todo"``/``"auto"`` hand attention a downsampled copy of the tokens as keys and values through the
+same attn1 patch point. What a block does is decided by :func:`tokenmerge.planning.decide`, as everywhere.
+The state between a block's attn1 patch and its output patch is per thread.
+
+UNet models only (SD 1.x, 2.x, XL): ComfyUI's SD3 and Flux models offer no attention patch points at the
+ComfyUI version whose code the tests run (``notcomfy``); see the README's ComfyUI section.
+
+This module imports nothing from ComfyUI; the repository's root ``__init__.py`` exposes :class:`TokenMergeNode`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+from ..adapters import ldm
+from ..algorithms import MergePlan, downsample_tokens
+from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig
+from ..planning import IDLE, block_key, decide, plan_merge
+
+_LEVELS = (1, 2, 4, 8, 16, 32, 64)
+_STAGES = {"input": 1, "middle": 2, "output": 3}
+MAX_DOWNSAMPLE_CHOICES = ("auto", "1", "2", "4", "8")
+
+
+@functools.cache
+def _comfy_block_key(stage: int, index: int, block_index: int) -> int:
+    return block_key(stage, index, block_index)
+
+
+def token_grid(original_shape: list[int] | tuple[int, ...], tokens: int) -> tuple[int, int, int] | None:
+    """(h, w, level) of a block whose input has ``tokens`` tokens, in a UNet whose input is ``original_shape``."""
+    height, width = original_shape[-2], original_shape[-1]
+    for level in _LEVELS:
+        h, w = math.ceil(height / level), math.ceil(width / level)
+        if h * w == tokens:
+            return h, w, level
+    return None
+
+
+def top_attention_level(model_patcher: Any) -> int:
+    """The highest-resolution level with spatial transformers in the patcher's UNet (1 on SD 1.x, 2 on SDXL)."""
+    unet = model_patcher.model.diffusion_model
+    layout = ldm.layout(unet)
+    if layout is None:
+        raise TypeError(
+            f"{type(unet).__name__} has no SpatialTransformer blocks that tokenmerge can patch; the ComfyUI node supports "
+            "UNet models (SD 1.x, SD 2.x, SDXL)"
+        )
+    return layout.top_level
+
+
+class ComfyTokenMerge:
+    """The patch callables for one patched MODEL: decide in the attn1 patch, merge, unmerge after."""
+
+    def __init__(self, config: TokenMergeConfig, top_level: int) -> None:
+        if config.merge_mlp:
+            raise ValueError("merge_mlp is not available in ComfyUI: it has no patch point around the MLP")
+        if config.share_plan or config.reuse_steps != 1:
+            raise ValueError("share_plan and reuse_steps are not available in ComfyUI's patch points; leave them at False and 1")
+        self.config = config
+        self.top_level = top_level
+        if not config.is_identity and not config.merges_level(top_level, top_level):
+            warnings.warn(
+                f"tokenmerge: no transformer block is merged: max_downsample={config.max_downsample} but this "
+                f"model's highest attention level is {top_level}; use auto or >= {top_level}",
+                stacklevel=3,
+            )
+        self._local = threading.local()
+        self._warned = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __deepcopy__(self, memo: dict) -> ComfyTokenMerge:
+        return self  # ModelPatcher.clone() deep-copies model_options: the patch is immutable apart from per-thread state
+
+    @property
+    def _state(self) -> Any:
+        local = self._local
+        if not hasattr(local, "action"):
+            local.action, local.attn1, local.attn2 = IDLE, None, None
+        return local
+
+    def _grid(self, n: torch.Tensor, extra_options: dict[str, Any]) -> tuple[tuple[int, int] | None, int]:
+        """(h, w) and level of this block's tokens."""
+        if n.ndim != 3:
+            return None, 0
+        found = token_grid(extra_options["original_shape"], n.shape[1])
+        if found is None:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"tokenmerge: {n.shape[1]} tokens match no level of a {tuple(extra_options['original_shape'][-2:])} "
+                    "latent; such blocks are not merged",
+                    stacklevel=2,
+                )
+            return None, 0
+        h, w, level = found
+        return (h, w), level
+
+    def attn1_patch(self, n: torch.Tensor, context: torch.Tensor, value: torch.Tensor, extra_options: dict[str, Any]):
+        state = self._state
+        state.action, state.attn1 = IDLE, None
+        config = self.config
+        if config.is_identity:
+            return n, context, value
+        grid, level = self._grid(n, extra_options)
+        stage, index = extra_options.get("block", ("input", 0))
+        key = _comfy_block_key(_STAGES.get(stage, 0), index, extra_options.get("block_index", 0))
+        action = decide(
+            config,
+            level=level,
+            top_level=self.top_level,
+            grid=grid,
+            make_plan=lambda: plan_merge(n, grid[0], grid[1], config, key, extra_options.get("sigmas")),
+        )
+        state.action = action
+        if action.kv_grid is not None:
+            if context is not n:  # attn1 attends to a context already (disable_self_attn)
+                return n, context, value
+            kv = downsample_tokens(n, action.kv_grid[0], action.kv_grid[1], action.kv_factor, config.kv_interpolation)
+            return n, kv, kv if value is n else value
+        if action.plan is None or not config.merge_attn:
+            return n, context, value
+        merged = action.plan.merge(n)
+        state.attn1 = action.plan
+        # Self-attention: ComfyUI passes the same tensor as keys and values; merge them too.
+        return merged, merged if context is n else context, merged if value is n else value
+
+    def attn1_output_patch(self, n: torch.Tensor, extra_options: dict[str, Any]) -> torch.Tensor:
+        state = self._state
+        plan, state.attn1 = state.attn1, None
+        return n if plan is None else plan.unmerge(n)
+
+    def attn2_patch(self, n: torch.Tensor, context: torch.Tensor, value: torch.Tensor, extra_options: dict[str, Any]):
+        state = self._state
+        state.attn2 = None
+        plan: MergePlan | None = state.action.plan
+        if plan is None or n.shape[1] != plan.num_tokens:
+            return n, context, value
+        state.attn2 = plan
+        return plan.merge(n), context, value
+
+    def attn2_output_patch(self, n: torch.Tensor, extra_options: dict[str, Any]) -> torch.Tensor:
+        state = self._state
+        plan, state.attn2 = state.attn2, None
+        return n if plan is None else plan.unmerge(n)
+
+
+def patch_model(model_patcher: Any, config: TokenMergeConfig) -> Any:
+    """A clone of ``model_patcher`` with tokenmerge registered on ComfyUI's attention patch points."""
+    patch = ComfyTokenMerge(config, top_attention_level(model_patcher))
+    patched = model_patcher.clone()
+    patched.set_model_attn1_patch(patch.attn1_patch)
+    patched.set_model_attn1_output_patch(patch.attn1_output_patch)
+    if config.merge_crossattn:
+        patched.set_model_attn2_patch(patch.attn2_patch)
+        patched.set_model_attn2_output_patch(patch.attn2_output_patch)
+    return patched
+
+
+class TokenMergeNode:
+    """ComfyUI node "Token Merging (tokenmerge)": MODEL + options -> patched MODEL. Defaults come from
+    :class:`tokenmerge.TokenMergeConfig`; enumerated options are choices, never free text."""
+
+    CATEGORY = "model_patches/unet"
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    DESCRIPTION = "Token merging (ToMe for SD) with merged queries, keys and values, or key/value downsampling (todo/auto); SDXL gets its level automatically."
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict[str, Any]:
+        d = DEFAULTS
+        return {
+            "required": {
+                "model": ("MODEL",),
+                "ratio": ("FLOAT", {"default": d.ratio, "min": 0.0, "max": 0.99, "step": 0.01}),
+                "max_downsample": (
+                    list(MAX_DOWNSAMPLE_CHOICES),
+                    {"default": "auto" if d.max_downsample is None else str(d.max_downsample)},
+                ),
+                "sx": ("INT", {"default": d.sx, "min": 1, "max": 8}),
+                "sy": ("INT", {"default": d.sy, "min": 1, "max": 8}),
+                "use_rand": ("BOOLEAN", {"default": d.use_rand}),
+                "seed": ("INT", {"default": d.seed or 0, "min": 0, "max": 2**63 - 1}),
+                "merge_crossattn": ("BOOLEAN", {"default": d.merge_crossattn}),
+                "method": (list(METHODS), {"default": d.method}),
+                "kv_factor": ("INT", {"default": d.kv_factor, "min": 1, "max": 8, "tooltip": "method todo: key/value downsampling factor"}),
+                "kv_interpolation": (list(KV_INTERPOLATIONS), {"default": d.kv_interpolation}),
+            }
+        }
+
+    def patch(self, model: Any, max_downsample: str = "auto", **options: Any) -> tuple[Any]:
+        if max_downsample not in MAX_DOWNSAMPLE_CHOICES:
+            raise ValueError(f"max_downsample must be one of {', '.join(MAX_DOWNSAMPLE_CHOICES)}, got {max_downsample!r}")
+        config = TokenMergeConfig(max_downsample=None if max_downsample == "auto" else int(max_downsample), **options)
+        config.warn_if_capped()
+        return (patch_model(model, config),)

@@ -1,0 +1,153 @@
+"""AUTOMATIC1111 and Forge webui integration: their token-merging settings run through tokenmerge.
+
+The two webuis route token merging differently (checked against their source, see the README):
+
+- AUTOMATIC1111: ``modules/sd_models.py`` imports ``tomesd`` and its ``apply_token_merging`` calls
+  ``tomesd.apply_patch(sd_model, ratio=r, use_rand=False, merge_attn=True, merge_crossattn=False,
+  merge_mlp=False)`` / ``tomesd.remove_patch(sd_model)`` through that module attribute; :class:`WebuiTokenMerge`
+  takes its place and serves the same calls with tokenmerge's hooks on the ldm/sgm UNet.
+- Forge: ``apply_token_merging`` runs ``backend.misc.tomesd.TomePatcher().patch(model=unet_patcher, ratio=r)``
+  on a fresh UNet patcher before each pass (no remove step); :class:`ForgeTokenMerge` takes the place of that
+  class and registers tokenmerge on the patcher's attention patch points, which have ComfyUI's call forms and
+  ``extra_options`` keys (:mod:`tokenmerge.integrations.comfyui`).
+
+:func:`install` does whichever applies and says so; where neither exists it warns that the settings have no
+effect. The extension's options (method, ...) come from :data:`SETTINGS`, whose defaults are read from
+:class:`tokenmerge.TokenMergeConfig`; enumerated options are offered as choices, never as free text.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig
+from ..patch import apply_patch, remove_patch
+from .comfyui import patch_model
+
+SECTION = ("tokenmerge", "Token Merging (tokenmerge)")
+
+
+class Setting(NamedTuple):
+    key: str  # the webui's option key
+    option: str  # the tokenmerge option it sets
+    default: Any
+    label: str
+    component: str  # gradio component: Radio, Dropdown, Slider, Checkbox, Number
+    args: dict[str, Any]
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "tokenmerge_method",
+        "method",
+        DEFAULTS.method,
+        "Token merging method: tome merges tokens, todo downsamples keys/values, auto picks a per-block factor",
+        "Radio",
+        {"choices": list(METHODS)},
+    ),
+    Setting(
+        "tokenmerge_kv_factor",
+        "kv_factor",
+        DEFAULTS.kv_factor,
+        "Token merging: key/value downsampling factor (method todo)",
+        "Slider",
+        {"minimum": 1, "maximum": 8, "step": 1},
+    ),
+    Setting(
+        "tokenmerge_kv_interpolation",
+        "kv_interpolation",
+        DEFAULTS.kv_interpolation,
+        "Token merging: key/value downsampling interpolation",
+        "Dropdown",
+        {"choices": list(KV_INTERPOLATIONS)},
+    ),
+    # Off by default as the webui passes it; safe to turn on: tokenmerge's randomness is deterministic.
+    Setting(
+        "tokenmerge_use_rand",
+        "use_rand",
+        False,
+        "Token merging: random destinations (deterministic, seeded by the option below)",
+        "Checkbox",
+        {},
+    ),
+    Setting("tokenmerge_seed", "seed", DEFAULTS.seed or 0, "Token merging: seed of the random destinations", "Number", {"precision": 0}),
+    Setting(
+        "tokenmerge_merge_crossattn",
+        "merge_crossattn",
+        DEFAULTS.merge_crossattn,
+        "Token merging: merge tokens for cross-attention too",
+        "Checkbox",
+        {},
+    ),
+)
+
+
+def options_from(values: dict[str, Any]) -> dict[str, Any]:
+    """tokenmerge options from the webui's setting values (missing settings keep their defaults)."""
+    options = {s.option: values.get(s.key, s.default) for s in SETTINGS}
+    options["seed"] = int(options["seed"])  # gradio's Number gives floats
+    options["kv_factor"] = int(options["kv_factor"])
+    return options
+
+
+class WebuiTokenMerge:
+    """AUTOMATIC1111: stands where the webui expects the ``tomesd`` module (``apply_patch`` / ``remove_patch``)."""
+
+    def __init__(self, settings: Callable[[], dict[str, Any]]) -> None:
+        self.settings = settings  # returns {setting key: value}, read at each patch
+
+    def apply_patch(self, model: Any, **kwargs: Any) -> Any:
+        options = options_from(self.settings())
+        return apply_patch(model, **{**kwargs, **options})
+
+    def remove_patch(self, model: Any) -> Any:
+        return remove_patch(model)
+
+
+def forge_patcher(settings: Callable[[], dict[str, Any]]) -> type:
+    """Forge: a class to stand where Forge expects ``backend.misc.tomesd.TomePatcher``."""
+
+    class ForgeTokenMerge:
+        """``ForgeTokenMerge().patch(model=unet_patcher, ratio=r)``: a patched clone of Forge's UNet patcher."""
+
+        def patch(self, model: Any, ratio: float) -> Any:
+            config = TokenMergeConfig(ratio=ratio, **options_from(settings()))
+            config.warn_if_capped()
+            return patch_model(model, config)
+
+    return ForgeTokenMerge
+
+
+def install(shared: Any, script_callbacks: Any, sd_models: Any, gradio: Any) -> str | None:
+    """Register the settings and route the webui's token merging through tokenmerge; returns "automatic1111",
+    "forge", or None (with a warning) where this webui has neither route."""
+
+    def settings() -> dict[str, Any]:
+        return {s.key: getattr(shared.opts, s.key, s.default) for s in SETTINGS}
+
+    def on_ui_settings() -> None:
+        for s in SETTINGS:
+            component = getattr(gradio, s.component)
+            shared.opts.add_option(s.key, shared.OptionInfo(s.default, s.label, component, dict(s.args), section=SECTION))
+
+    script_callbacks.on_ui_settings(on_ui_settings)
+    if hasattr(sd_models, "tomesd"):
+        sd_models.tomesd = WebuiTokenMerge(settings)
+        return "automatic1111"
+    try:
+        forge = importlib.import_module("backend.misc.tomesd")
+    except ImportError:
+        forge = None
+    if forge is not None and hasattr(forge, "TomePatcher"):
+        forge.TomePatcher = forge_patcher(settings)
+        return "forge"
+    message = (
+        "tokenmerge: this webui has neither modules.sd_models.tomesd (AUTOMATIC1111) nor backend.misc.tomesd.TomePatcher "
+        "(Forge); the token merging settings keep their built-in behaviour and tokenmerge's settings have no effect"
+    )
+    print(message)
+    warnings.warn(message, stacklevel=2)
+    return None

@@ -1,0 +1,159 @@
+"""Patch a model, change its options, remove the patch: the public entry points."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .adapters import discover, roots_of
+from .config import DEFAULTS, TOMESD_PARAMETERS, TokenMergeConfig, check_option_names
+from .hooks import PatchState, install, states_in, uninstall
+
+
+def _patched_states(model: Any) -> list[tuple[torch.nn.Module, PatchState]]:
+    return states_in(roots_of(model))
+
+
+def _remove_tomesd(model: Any) -> bool:
+    """Undo a tomesd patch (its block classes, hooks, and the ``_tome_info`` attributes that tomesd's own
+    ``remove_patch`` leaves behind); True if a patch was active."""
+    found = False
+    for root in roots_of(model):
+        for module in root.modules():
+            info = vars(module).get("_tome_info")
+            if isinstance(info, dict):
+                hooks = info.get("hooks", [])
+                found = found or bool(hooks)
+                for hook in hooks:
+                    hook.remove()
+                hooks.clear()
+                del module._tome_info
+            if type(module).__name__ == "ToMeBlock" and isinstance(getattr(type(module), "_parent", None), type):
+                found = True
+                module.__class__ = type(module)._parent  # tomesd's generated subclass keeps the original as _parent
+    return found
+
+
+def _warn_if_ineffective(states: list[PatchState], config: TokenMergeConfig) -> None:
+    config.warn_if_capped(stacklevel=4)
+    levels = sorted({b.level for s in states for b in s.blocks})
+    if not config.is_identity and not any(
+        config.merges_level(level, s.layout.top_level) for s in states for level in {b.level for b in s.blocks}
+    ):
+        warnings.warn(
+            f"tokenmerge: no transformer block is merged: max_downsample={config.max_downsample} but this model's "
+            f"attention blocks sit at downsampling factors {levels}; use max_downsample=None (auto) or >= {levels[0]}",
+            stacklevel=3,
+        )
+
+
+def _check_for_layouts(config: TokenMergeConfig, states_or_layouts: list[Any]) -> None:
+    """Options that have no effect on a model are rejected, not ignored."""
+    layouts = [getattr(x, "layout", x) for x in states_or_layouts]
+    single = [layout.family for layout in layouts if layout.single_level]
+    if single and config.max_downsample is not None:
+        raise ValueError(
+            f"max_downsample={config.max_downsample} has no effect on a {single[0]}: it has one token grid (level 1); "
+            "leave max_downsample=None"
+        )
+    joint = [layout.family for layout in layouts if layout.family in ("SD3 transformer", "Flux transformer")]
+    if joint and config.method == "tome" and config.merge_crossattn:
+        raise ValueError(
+            f"merge_crossattn=True has no effect on a {joint[0]}: its attention is joint over image and text tokens "
+            "(merged by merge_attn); leave merge_crossattn=False"
+        )
+
+
+def apply_patch(
+    model: Any,
+    ratio: float = DEFAULTS.ratio,
+    max_downsample: int | None = DEFAULTS.max_downsample,
+    sx: int = DEFAULTS.sx,
+    sy: int = DEFAULTS.sy,
+    use_rand: bool = DEFAULTS.use_rand,
+    merge_attn: bool = DEFAULTS.merge_attn,
+    merge_crossattn: bool = DEFAULTS.merge_crossattn,
+    merge_mlp: bool = DEFAULTS.merge_mlp,
+    *,
+    config: TokenMergeConfig | None = None,
+    **options: Any,
+) -> Any:
+    """Patch ``model`` in place and return it: tomesd 0.1.3's signature and defaults (except
+    ``max_downsample=None``: the highest-resolution level that has attention), every other option by keyword
+    (``seed``, ``method``, ``kv_factor``, ...: the fields of :class:`tokenmerge.TokenMergeConfig`), or all of
+    them as ``config=``.
+
+    ``model``: a diffusers pipeline (its UNet or transformer and every ControlNet are patched), a diffusers
+    UNet, an SD3 / Flux / PixArt / DiT transformer, the webui's latent-diffusion object or an ldm/sgm
+    ``UNetModel``. Patching again replaces the previous patch (and a tomesd patch).
+    """
+    given = dict(zip(TOMESD_PARAMETERS, (ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp)))
+    if config is not None:
+        if not isinstance(config, TokenMergeConfig):
+            raise TypeError(f"config must be a tokenmerge.TokenMergeConfig, got {type(config).__name__}")
+        mixed = [n for n, v in given.items() if v is not getattr(DEFAULTS, n) and v != getattr(DEFAULTS, n)] + sorted(options)
+        if mixed:
+            raise TypeError(f"pass options either in config= or as arguments, not both (got config= and {', '.join(mixed)})")
+    else:
+        check_option_names(options)
+        config = TokenMergeConfig(**given, **options)
+    found = discover(model)
+    _check_for_layouts(config, found.layouts)
+    if _remove_tomesd(model):
+        warnings.warn("tokenmerge: this model was patched by tomesd; that patch is removed and replaced", stacklevel=2)
+    remove_patch(model)
+    states = [install(layout, config) for layout in found.layouts]
+    _warn_if_ineffective(states, config)
+    if found.compiled:
+        warnings.warn(
+            f"tokenmerge: {', '.join(found.compiled)} is already wrapped by torch.compile; graphs compiled before this patch "
+            "ignore it (torch skips module-hook guards by default). Patch before compiling, or call "
+            "torch._dynamo.reset() after patching, or set torch._dynamo.config.skip_nnmodule_hook_guards = False",
+            stacklevel=2,
+        )
+    return model
+
+
+def remove_patch(model: Any) -> Any:
+    """Undo :func:`apply_patch` (and a tomesd patch): every hook, wrapper and attribute it added is removed.
+    Returns what tomesd's ``remove_patch`` returns (a pipeline's ``unet``, else ``model``)."""
+    for root, patch in _patched_states(model):
+        uninstall(root, patch)
+    _remove_tomesd(model)
+    unet = getattr(model, "unet", None)
+    return model if unet is None else unet
+
+
+def update_options(model: Any, **changes: Any) -> TokenMergeConfig:
+    """Change options of a patched model (ratio, seed, method, ...) without re-patching; calls that begin
+    afterwards use them. Returns the new config."""
+    states = [s for _, s in _patched_states(model)]
+    if not states:
+        raise ValueError(f"{type(model).__name__} is not patched by tokenmerge; call tokenmerge.apply_patch first")
+    config = states[0].config.replace(**changes)
+    _check_for_layouts(config, states)
+    for state in states:
+        state.set_config(config)
+    _warn_if_ineffective(states, config)
+    return config
+
+
+def get_config(model: Any) -> TokenMergeConfig | None:
+    """The options a model is patched with, or ``None`` if it is not patched."""
+    states = _patched_states(model)
+    return states[0][1].config if states else None
+
+
+@contextlib.contextmanager
+def patched(model: Any, *args: Any, **options: Any) -> Iterator[Any]:
+    """``with tokenmerge.patched(pipe, ratio=0.5): ...``: the patch holds inside the block and is removed after it
+    (also on an exception), whatever was patched before."""
+    apply_patch(model, *args, **options)
+    try:
+        yield model
+    finally:
+        remove_patch(model)

@@ -1,0 +1,422 @@
+"""``tokenmerge bench``: vanilla vs tomesd vs tokenmerge configurations on real diffusion architectures.
+
+The model (SD 1.5, SD 2.1 or SDXL UNet; SD3-medium, SD3.5-medium, Flux.1-dev or PixArt-Σ transformer) is
+built from its published config with random weights (no download). Variants run interleaved in one
+process, the order rotated every round (so that load changes on a shared machine hit all of them alike);
+the table gives medians with their min–max range, ratios and peak memory, and for every size the share of
+vanilla's time spent in image attention (self- or joint attention over the image tokens) with the speed-up
+it would allow if it cost nothing (the ceiling of any attention-only method). Fidelity compares each
+variant's output with vanilla's on the same input: with random weights attention is nearly uniform, so
+these numbers say little about image quality (see ``tokenmerge eval``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .. import describe, patched
+from .architectures import TRANSFORMERS, UNETS, VAE_FACTOR, build_model, transformer_inputs, unet_inputs
+from .progress import progress_bar
+from .specs import PatchSpec, available
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def default_specs(ratio: float = 0.5, model: str = "sd15") -> list[PatchSpec]:
+    """The rows beside vanilla when none are asked for: tomesd (UNets only: it crashes on transformers) and
+    tokenmerge at ``ratio``, and auto."""
+    specs = [PatchSpec.parse(f"tome:{ratio}"), PatchSpec.parse("auto")]
+    return ([PatchSpec.parse(f"tomesd:{ratio}")] if model in UNETS else []) + specs
+
+
+@dataclass
+class Row:
+    size_px: int
+    variant: str
+    median_s: float
+    speedup: float
+    cosine: float
+    rel_l2: float
+    # Peak above the memory in use before the forward (median over the timed rounds): max allocated on GPU;
+    # on CPU the process RSS, which also depends on what the allocator kept from earlier forwards.
+    peak_mem_mb: float
+    min_s: float = 0.0
+    max_s: float = 0.0
+    attention_share: float | None = None  # vanilla rows: share of the time in image attention
+
+    @property
+    def ceiling(self) -> float | None:
+        return None if self.attention_share is None else 1 / max(1e-9, 1 - self.attention_share)
+
+
+@dataclass
+class Variant:
+    name: str
+    forward: Callable[[dict[str, Any]], torch.Tensor]  # one model forward with this variant active
+
+
+class AttentionTimer(TorchFunctionMode):
+    """Adds up the wall time of scaled_dot_product_attention calls over image tokens (queries and keys of
+    one length: self-attention, or joint image+text attention); cross-attention to text is not counted."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self.seconds = 0.0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not _SDPA:
+            return func(*args, **kwargs)
+        q = args[0] if args else kwargs["query"]
+        k = args[1] if len(args) > 1 else kwargs["key"]
+        if q.shape[-2] != k.shape[-2]:
+            return func(*args, **kwargs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@contextmanager
+def peak_memory(device: torch.device) -> Iterator[list[float]]:
+    """Yields a one-element list that holds, on exit, the peak memory (MiB) added during the block."""
+    result = [0.0]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield result
+        torch.cuda.synchronize(device)
+        result[0] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+        return
+    try:
+        base = _rss_bytes()
+    except OSError:  # no /proc (not Linux): memory is not reported
+        yield result
+        return
+    peak = [base]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], _rss_bytes())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield result
+    finally:
+        done.set()
+        sampler.join()
+        result[0] = (max(peak[0], _rss_bytes()) - base) / 2**20
+
+
+def _forward(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+    with torch.inference_mode():
+        if "sample" not in inputs:  # a transformer
+            return model(**inputs).sample
+        # A UNet: positional sample/timestep/context, as tomesd reads the latent size from the first positional argument.
+        extra = {k: v for k, v in inputs.items() if k not in ("sample", "timestep", "encoder_hidden_states")}
+        return model(inputs["sample"], inputs["timestep"], inputs["encoder_hidden_states"], **extra).sample
+
+
+def _patched(unet: torch.nn.Module, spec: PatchSpec, defaults: dict[str, Any]) -> Callable[[dict[str, Any]], torch.Tensor]:
+    def forward(inputs: dict[str, Any]) -> torch.Tensor:
+        spec.patch(unet, **defaults)
+        try:
+            return _forward(unet, inputs)
+        finally:
+            spec.unpatch(unet)
+
+    return forward
+
+
+def _compiled(unet: torch.nn.Module, spec: PatchSpec | None, defaults: dict[str, Any]) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """A patched copy of the model, compiled once (patching a compiled module per call would recompile)."""
+    model = copy.deepcopy(unet)
+    if spec is not None:
+        spec.patch(model, **defaults)
+    compiled = torch.compile(model)
+    return lambda inputs: _forward(compiled, inputs)
+
+
+def _fidelity(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    a, b = out.double().flatten(), ref.double().flatten()
+    cosine = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
+    return cosine, ((a - b).norm() / b.norm()).item()
+
+
+def time_variants(
+    variants: list[Variant],
+    inputs_by_size: dict[int, Callable[[], dict[str, Any]]],
+    repeats: int,
+    device: torch.device = torch.device("cpu"),
+    log: Callable[[str], None] = print,
+) -> list[Row]:
+    """Interleave the variants for each size, rotating their order every round; one warm-up round records the
+    outputs and vanilla's attention share (with ``repeats=0`` that round is also the timed one, and vanilla's
+    time then includes the attention timer's small overhead).
+
+    Before each size after the first, the time is estimated from the previous size's warm-up round
+    (scaled by the cube of the size ratio: between linear-in-tokens convolutions and quadratic attention).
+    """
+    bar = progress_bar(len(inputs_by_size) * len(variants) * (repeats + 1), "bench")
+    rows: list[Row] = []
+    previous: tuple[int, float] | None = None
+    for size, make_inputs in inputs_by_size.items():
+        if previous is not None:
+            estimate = previous[1] * (size / previous[0]) ** 3 * (repeats + 1)
+            log(f"{size} px: about {estimate / 60:.1f} min (estimated from {previous[0]} px)")
+        inputs = make_inputs()
+        outputs: dict[str, torch.Tensor] = {}
+        times: dict[str, list[float]] = {v.name: [] for v in variants}
+        memory: dict[str, list[float]] = {v.name: [] for v in variants}
+        attention_share = None
+        for rep in range(repeats + 1):
+            round_started = time.perf_counter()
+            shift = rep % len(variants)  # rotate the order each round: no variant always runs first
+            for variant in variants[shift:] + variants[:shift]:
+                timer = AttentionTimer(device) if rep == 0 and variant is variants[0] else None
+                with peak_memory(device) as peak:
+                    t0 = time.perf_counter()
+                    if timer is not None:
+                        with timer:
+                            out = variant.forward(inputs)
+                    else:
+                        out = variant.forward(inputs)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    elapsed = time.perf_counter() - t0
+                if timer is not None:
+                    attention_share = timer.seconds / elapsed
+                if rep == 0:
+                    outputs[variant.name] = out.float().cpu()
+                if rep > 0 or repeats == 0:  # repeats=0: one round, timed (for sizes where a forward takes minutes)
+                    times[variant.name].append(elapsed)
+                    memory[variant.name].append(peak[0])
+                if bar is not None:
+                    bar.update(1)
+            if rep == 0:
+                warmup = time.perf_counter() - round_started
+                previous = (size, warmup)
+                if repeats:
+                    log(f"{size} px: warm-up round {warmup:.1f} s; about {warmup * repeats / 60:.1f} min to go for this size")
+        base = statistics.median(times[variants[0].name])
+        for variant in variants:
+            t = times[variant.name]
+            median = statistics.median(t)
+            cosine, rel_l2 = _fidelity(outputs[variant.name], outputs[variants[0].name])
+            share = attention_share if variant is variants[0] else None
+            rows.append(
+                Row(
+                    size,
+                    variant.name,
+                    median,
+                    base / median,
+                    cosine,
+                    rel_l2,
+                    statistics.median(memory[variant.name]),
+                    min(t),
+                    max(t),
+                    share,
+                )
+            )
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+def run_bench(
+    model: str = "sd15",
+    sizes_px: tuple[int, ...] = (512,),
+    batch: int = 2,
+    repeats: int = 2,
+    specs: list[PatchSpec] | None = None,
+    seed: int = 0,
+    small: bool = False,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    compile: bool = False,
+    blocks: int | None = None,
+    log: Callable[[str], None] = print,
+) -> list[Row]:
+    """The diffusers model of ``model``: vanilla and each spec (default: :func:`default_specs`)."""
+    wanted = default_specs(model=model) if specs is None else specs
+    if model in TRANSFORMERS and any(s.method == "tomesd" for s in wanted):
+        raise ValueError(f"tomesd does not support {model} (it patches UNet BasicTransformerBlocks only); drop the tomesd rows")
+    specs = available(wanted)
+    if len(specs) < len(wanted):
+        log("tomesd is not installed: its rows are left out (pip install tomesd==0.1.3)")
+    started = time.perf_counter()
+    net = build_model(model, small=small, seed=seed, dtype=dtype, blocks=blocks).to(device)
+    log(f"built {describe_model(model, small, blocks)} with random weights in {time.perf_counter() - started:.1f} s")
+    defaults: dict[str, Any] = {"seed": seed}
+    if model in UNETS:
+        with patched(net):
+            # tomesd gets tokenmerge's level: its own default (1) merges nothing on SDXL.
+            defaults["max_downsample"] = describe(net).denoisers[0].top_level
+    if compile:
+        # Each variant is a patched copy of one architecture: with torch's default (hook guards skipped)
+        # the copies would all reuse the graph traced first, the vanilla one.
+        torch._dynamo.config.skip_nnmodule_hook_guards = False
+        variants = [Variant("vanilla (compiled)", _compiled(net, None, defaults))]
+        variants += [Variant(f"{s.name} (compiled)", _compiled(net, s, defaults)) for s in specs if s.method != "tomesd"]
+        if any(s.method == "tomesd" for s in specs):
+            log("--compile: tomesd is left out (its patched UNet does not trace: see tests/test_compile.py)")
+    else:
+        variants = [Variant("vanilla", lambda inputs: _forward(net, inputs))]
+        variants += [Variant(s.name, _patched(net, s, defaults)) for s in specs]
+
+    def make_inputs(size: int) -> dict[str, Any]:
+        latent = size // VAE_FACTOR
+        if model in UNETS:
+            inputs = unet_inputs(net, latent, latent, batch=batch, seed=seed)
+        else:
+            inputs = transformer_inputs(net, model, latent, latent, batch=batch, seed=seed, text_tokens=8 if small else None)
+        return {k: _to(v, net.device) for k, v in inputs.items()}
+
+    return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in sizes_px}, repeats, net.device, log)
+
+
+def describe_model(model: str, small: bool, blocks: int | None) -> str:
+    """How a bench model is labelled: its name, and whether it is narrowed or has fewer blocks."""
+    kind = "UNet" if model in UNETS else "transformer"
+    label = f"{model}{' (small)' if small else ''} {kind}"
+    if blocks is not None:
+        label += (
+            f", first {blocks} double + {2 * blocks} single blocks at full width"
+            if model == "flux"
+            else f", first {blocks} blocks at full width"
+        )
+    return label
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def run_comfy_bench(
+    sizes_px: tuple[int, ...] = (512,),
+    batch: int = 2,
+    repeats: int = 2,
+    ratio: float = 0.5,
+    seed: int = 0,
+    small: bool = False,
+    attention: str = "default",
+    log: Callable[[str], None] = print,
+) -> list[Row]:
+    """ComfyUI's own SD 1.5 UNet: vanilla, ComfyUI's built-in TomePatchModel, tokenmerge's node (tome and auto).
+
+    ``attention``: ComfyUI's attention backend, chosen when its package is first imported (so once per
+    process): ``default`` (on CPU, sub-quadratic attention) or ``pytorch`` (SDPA, ``--use-pytorch-cross-attention``)."""
+    from .comfy_models import CONFIGS, attention_backend, build_comfy_patcher, comfy_run, import_comfy
+
+    import_comfy(attention)
+    from comfy_extras.nodes_tomesd import TomePatchModel
+
+    from ..integrations.comfyui import TokenMergeNode
+
+    name = "sd15-small" if small else "sd15"
+    started = time.perf_counter()
+    log(f"ComfyUI attention backend: {attention_backend()}")
+    patcher = build_comfy_patcher(name, seed)
+    log(f"built ComfyUI's {name} UNet with random weights in {time.perf_counter() - started:.1f} s")
+    builtin = TomePatchModel().patch(patcher, ratio)[0]
+    ours = TokenMergeNode().patch(patcher, ratio=ratio, seed=seed)[0]
+    auto = TokenMergeNode().patch(patcher, method="auto")[0]
+
+    def forward(p: Any) -> Callable[[dict[str, Any]], torch.Tensor]:
+        return lambda inputs: comfy_run(p, inputs["x"], context=inputs["context"])
+
+    variants = [
+        Variant("vanilla", forward(patcher)),
+        Variant(f"ComfyUI TomePatchModel r={ratio}", forward(builtin)),
+        Variant(f"tokenmerge node r={ratio}", forward(ours)),
+        Variant("tokenmerge node auto", forward(auto)),
+    ]
+
+    def make_inputs(size: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(batch, 4, size // 8, size // 8, generator=g)
+        return {"x": x, "context": torch.randn(batch, 77, CONFIGS[name]["context_dim"], generator=g)}
+
+    return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in sizes_px}, repeats, log=log)
+
+
+def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu") -> str:
+    where = f"{torch.get_num_threads()} threads" if device == "cpu" else device
+    width = max([24, *(len(r.variant) for r in rows)])
+    lines = []
+    for size in sorted({r.size_px for r in rows}):
+        lines.append(f"\n{model}, {size}x{size} px ({size // VAE_FACTOR}x{size // VAE_FACTOR} latent), batch {batch}, {where}")
+        vanilla = next(r for r in rows if r.size_px == size)
+        if vanilla.attention_share is not None:
+            lines.append(
+                f"image attention: {vanilla.attention_share:.0%} of vanilla's time; ceiling of attention-only speed-ups {vanilla.ceiling:.2f}x"
+            )
+        lines.append(
+            f"| {'variant':<{width}} | {'median s/forward':>16} | {'min-max s':>15} | {'speed-up':>8} | {'peak MiB':>8} | {'cosine':>8} | {'rel. L2':>8} |"
+        )
+        lines.append(f"|{'-' * (width + 2)}|{'-' * 18}|{'-' * 17}|{'-' * 10}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
+        for r in (r for r in rows if r.size_px == size):
+            spread = f"{r.min_s:.2f}-{r.max_s:.2f}"
+            lines.append(
+                f"| {r.variant:<{width}} | {r.median_s:>16.3f} | {spread:>15} | {r.speedup:>7.2f}x | {r.peak_mem_mb:>8.0f} | {r.cosine:>8.5f} | {r.rel_l2:>8.4f} |"
+            )
+    return "\n".join(lines)
+
+
+def rows_to_json(rows: list[Row], **meta: Any) -> str:
+    return json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2)
+
+
+def plot_speedups(rows: list[Row], path: str | Path, title: str) -> None:
+    """Speed-up over vanilla against image size, one line per variant: medians with min–max bars (the spread
+    of each variant's timed rounds against vanilla's median), so the noise is visible (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise SystemExit("tokenmerge bench: error: --plot needs matplotlib (pip install matplotlib)") from error
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for name in dict.fromkeys(r.variant for r in rows):
+        points = sorted((r.size_px, r) for r in rows if r.variant == name)
+        sizes = [p[0] for p in points]
+        medians = [p[1].speedup for p in points]
+        lows = [m - p[1].speedup * p[1].median_s / max(p[1].max_s, 1e-9) for m, p in zip(medians, points)]
+        highs = [p[1].speedup * p[1].median_s / max(p[1].min_s, 1e-9) - m for m, p in zip(medians, points)]
+        ax.errorbar(sizes, medians, yerr=[lows, highs], marker="o", capsize=3, label=name)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("image size (px, square)")
+    ax.set_ylabel("speed-up over vanilla (median, min-max)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,236 @@
+"""Command line: ``tokenmerge bench`` (speed and fidelity on built-in SD architectures) and ``tokenmerge eval``
+(image quality on the trained reference model or a local pipeline)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from .architectures import TRANSFORMERS, UNETS
+from .progress import progress_bar
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import default_specs, describe_model, format_table, plot_speedups, rows_to_json, run_bench, run_comfy_bench
+    from .specs import PatchSpec
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    common = dict(sizes_px=tuple(args.sizes), batch=args.batch, repeats=args.repeats, seed=args.seed, small=args.small)
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    if args.comfyui:
+        if args.model != "sd15" or args.variants or args.compile or args.device != "cpu" or args.blocks:
+            raise SystemExit(
+                "tokenmerge bench: error: --comfyui runs ComfyUI's SD 1.5 UNet on the CPU with fixed rows; drop --model/--variants/--compile/--device/--blocks"
+            )
+        rows = run_comfy_bench(**common, ratio=args.ratio, attention=args.comfy_attention, log=log)
+        label = f"ComfyUI sd15 UNet ({args.comfy_attention} attention)"
+    else:
+        try:
+            specs = [PatchSpec.parse(s) for s in args.variants] if args.variants else default_specs(args.ratio, args.model)
+        except (ValueError, TypeError) as error:
+            raise SystemExit(f"tokenmerge bench: error: --{'variants' if args.variants else 'ratio'}: {error}") from error
+        dtype = getattr(torch, args.dtype)
+        try:
+            rows = run_bench(
+                model=args.model, **common, specs=specs, device=args.device, dtype=dtype, compile=args.compile, blocks=args.blocks, log=log
+            )
+        except ValueError as error:
+            raise SystemExit(f"tokenmerge bench: error: {error}") from error
+        label = f"{describe_model(args.model, args.small, args.blocks)}, {args.dtype}{', compiled' if args.compile else ''}"
+    print(format_table(rows, label, args.batch, args.device))
+    meta = dict(
+        model=label, batch=args.batch, threads=torch.get_num_threads(), torch=torch.__version__, device=args.device, argv=sys.argv[1:]
+    )
+    if args.json:
+        Path(args.json).write_text(rows_to_json(rows, **meta))
+    if args.plot:
+        plot_speedups(rows, args.plot, f"{label}, batch {args.batch}, {args.device}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .evaluate import (
+        ReferenceSampler,
+        default_configs,
+        format_results,
+        make_sampler,
+        nearest_class_accuracy,
+        results_json,
+        run_eval,
+        save_grid,
+        structure_table,
+    )
+    from .specs import PatchSpec
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        configs = [PatchSpec.parse(spec) for spec in args.configs] if args.configs else default_configs()
+    except (ValueError, TypeError) as error:
+        raise SystemExit(f"tokenmerge eval: error: --configs: {error}") from error
+    sampler = make_sampler(args.model, args.size, args.steps, args.guidance)
+    seeds = list(range(args.seeds))
+    bar = progress_bar(len(seeds) * (len(configs) + 1), "eval")
+    results, images = run_eval(configs, seeds, sampler, sampler.target, progress=(lambda: bar.update(1)) if bar else (lambda: None))
+    if bar:
+        bar.close()
+    header = f"{sampler.describe()}, {args.steps} DDIM steps, CFG {args.guidance}, {len(seeds)} seeds, {torch.get_num_threads()} threads"
+    print(format_results(results, header))
+    extra = {}
+    if isinstance(sampler, ReferenceSampler):
+        accuracy = nearest_class_accuracy(images["vanilla"], [sampler.label(s) for s in seeds], sampler.model.class_names)
+        extra["vanilla_nearest_class_accuracy"] = accuracy
+        print(
+            f"vanilla samples whose nearest training crop is from their own photograph: {accuracy:.0%} (chance {1 / sampler.model.num_classes:.0%})"
+        )
+        if args.structure:
+            print(structure_table(sampler))
+    if args.json:
+        meta = dict(model=args.model or "unet", size=args.size, steps=args.steps, seeds=len(seeds), **extra)
+        Path(args.json).write_text(results_json(results, **meta))
+    if args.grid:
+        save_grid(images, args.grid)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .reference.train import TrainConfig, train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    defaults = TrainConfig()
+    config = TrainConfig(
+        kind=args.kind,
+        out=args.out or f"runs/{args.kind}",
+        hours=args.hours,
+        steps=args.steps or defaults.steps,
+        batch=args.batch,
+        lr=args.lr,
+        seed=args.seed,
+        structure_every=args.structure_every,
+        max_images=args.max_images,
+    )
+    train(config, log=lambda *a, **k: print(*a, **k, file=sys.stderr))
+    return 0
+
+
+def _positive_size(value: str) -> int:
+    size = int(value)
+    if size < 64 or size % 64:
+        raise argparse.ArgumentTypeError(f"sizes must be multiples of 64 px (>= 64), got {value}")
+    return size
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenmerge", description="Token Merging for Stable Diffusion.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser(
+        "bench",
+        help="time vanilla / tomesd / tokenmerge forwards on a built-in architecture (random weights)",
+        description="Builds a diffusion model's architecture from its published config with random weights (no download) and "
+        "times one forward per variant, interleaved with the order rotated every round, reporting medians with their "
+        "range, speed-up, the share of time in image attention, and fidelity to vanilla.",
+    )
+    bench.add_argument("--model", choices=(*UNETS, *TRANSFORMERS), default="sd15")
+    bench.add_argument(
+        "--blocks",
+        type=int,
+        help="transformers: keep only the first N blocks at full width (flux: N double + 2N single), where the whole model "
+        "does not fit in memory or time; the per-block speed-up carries over",
+    )
+    bench.add_argument("--sizes", type=_positive_size, nargs="+", default=[512], help="image sizes in px (latent = px/8); default 512")
+    bench.add_argument("--batch", type=int, default=2, help="batch size (2 = one image with classifier-free guidance)")
+    bench.add_argument(
+        "--repeats", type=int, default=2, help="timed forwards per variant and size after one warm-up (0: time the warm-up itself)"
+    )
+    bench.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="SPEC",
+        help="configurations beside vanilla, e.g. tomesd:0.5 tome:0.5 todo:2 auto 'tome:0.5,share_plan=true' "
+        "'tome:0.5,reuse_steps=3' 'tome:0.5,match_dtype=bfloat16' (default: tomesd:0.5 (UNets) tome:0.5 auto)",
+    )
+    bench.add_argument("--ratio", type=float, default=0.5, help="ratio of the default tomesd/tome rows and of --comfyui")
+    bench.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    bench.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    bench.add_argument("--compile", action="store_true", help="torch.compile each variant (a patched copy each; tomesd does not trace)")
+    bench.add_argument("--plot", metavar="PNG", help="also plot speed-up against size per variant (needs matplotlib)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    bench.add_argument("--small", action="store_true", help="narrow variant of the architecture (smoke tests)")
+    bench.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    bench.add_argument(
+        "--comfyui",
+        action="store_true",
+        help="run ComfyUI's own SD 1.5 UNet (needs the comfy package) and compare ComfyUI's TomePatchModel with tokenmerge's node",
+    )
+    bench.add_argument(
+        "--comfy-attention",
+        choices=("default", "pytorch", "sub-quadratic"),
+        default="default",
+        help="with --comfyui: ComfyUI's attention backend (default: ComfyUI's choice, sub-quadratic on CPU; pytorch: SDPA)",
+    )
+    bench.set_defaults(func=_bench)
+
+    ev = commands.add_parser(
+        "eval",
+        help="paired image quality (PSNR, SSIM, rel. L2) and speed of configurations vs vanilla sampling",
+        description="Samples the shipped reference model (or --model) vanilla and with each configuration from the "
+        "same seeds and noise, and reports PSNR / SSIM / relative L2 against vanilla with wall time and speed-up.",
+    )
+    ev.add_argument(
+        "--model",
+        help="a shipped reference model (unet, sd3, flux, unet-v1), a reference .safetensors file or a diffusers pipeline folder (default: unet)",
+    )
+    ev.add_argument(
+        "--configs",
+        nargs="+",
+        metavar="SPEC",
+        help="e.g. tome:0.5 tomesd:0.5 todo:2 auto 'tome:0.5,share_plan=true' (default: tome:0.25 tome:0.5 tome:0.75 tomesd:0.5 todo:2 auto)",
+    )
+    ev.add_argument("--seeds", type=int, default=2, help="number of seeds (one image each); the README's table uses 4")
+    ev.add_argument("--steps", type=int, default=20, help="DDIM steps")
+    ev.add_argument("--size", type=int, default=64, help="image size in px (the reference model works in pixel space)")
+    ev.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale")
+    ev.add_argument("--threads", type=int, default=0)
+    ev.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ev.add_argument("--grid", metavar="PNG", help="write a side-by-side image grid (vanilla and each configuration)")
+    ev.add_argument("--no-structure", dest="structure", action="store_false", help="skip the attention-structure table (entropy, distance)")
+    ev.set_defaults(func=_eval)
+
+    from .reference.models import KINDS
+    from .reference.train import TrainConfig
+
+    d = TrainConfig()
+    tr = commands.add_parser(
+        "train-reference",
+        help="train (or resume) a reference model on the photographs bundled in PyPI packages",
+        description="Trains a small reference model (checkpointed every few minutes; an existing checkpoint in --out is resumed).",
+    )
+    tr.add_argument("--kind", choices=KINDS[:3], default=d.kind)
+    tr.add_argument("--out", help="run folder (default: runs/KIND)")
+    tr.add_argument("--hours", type=float, default=d.hours, help="wall-time budget of this invocation")
+    tr.add_argument("--steps", type=int, default=0, help="stop at this step (default: only the time budget)")
+    tr.add_argument("--batch", type=int, default=d.batch)
+    tr.add_argument("--lr", type=float, default=d.lr)
+    tr.add_argument("--seed", type=int, default=d.seed)
+    tr.add_argument(
+        "--structure-every", type=int, default=d.structure_every, help="steps between held-out attention-structure measurements"
+    )
+    tr.add_argument("--max-images", type=int, default=d.max_images, help="only the first N photographs (smoke tests)")
+    tr.add_argument("--threads", type=int, default=0)
+    tr.set_defaults(func=_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Trained reference models: the yardstick of ``tokenmerge eval`` (models, data, training, measurements)."""

@@ -1,0 +1,231 @@
+"""The small trained reference models that judge quality (random weights cannot: their attention is uniform).
+
+Three backbones, each a real diffusers class at a small size, working directly on 64×64 RGB images and
+conditioned on which photograph an image comes from (``COND_TOKENS`` learned tokens, plus a "null" class
+for classifier-free guidance):
+
+- ``unet``: ``UNet2DConditionModel`` with Stable Diffusion's block structure (CrossAttnDownBlock2D /
+  DownBlock2D / UpBlock2D / CrossAttnUpBlock2D; BasicTransformerBlocks with self-attention,
+  cross-attention and MLP); its top level has 64×64 = 4096 tokens, as SD 1.5 at 512 px.
+- ``sd3``: ``SD3Transformer2DModel`` (MMDiT joint attention over image and condition tokens, absolute
+  position embedding, qk-norm), 2×2 patches: 32×32 = 1024 image tokens.
+- ``flux``: ``FluxTransformer2DModel`` (double- and single-stream blocks, rotary positions inside
+  attention), 2×2 packed pixels: 1024 image tokens.
+
+All three are trained with the same DDPM epsilon objective (the token layout and attention are what token
+reduction acts on; SD3 and Flux's flow-matching objective would not change that), sampled with DDIM.
+
+Note on diffusers' UNet: its ``attention_head_dim`` argument is the number of heads (a known naming
+quirk); the configs below give every attention head 32 channels. The first reference model (v1) passed 32
+there and so had 32 heads of 1 channel at its top level: rank-one attention maps that cannot attend
+locally, which is why its attention was nearly uniform.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+COND_TOKENS = 4
+TRAIN_TIMESTEPS = 1000
+IMAGE_SIZE = 64
+KINDS = ("unet", "sd3", "flux", "unet-v1")
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "unet": {
+        "sample_size": IMAGE_SIZE,
+        "in_channels": 3,
+        "out_channels": 3,
+        "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+        "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+        "block_out_channels": [32, 64, 128],
+        "layers_per_block": 1,
+        "attention_head_dim": [1, 2, 4],  # heads per level (diffusers' naming): 32 channels per head
+        "cross_attention_dim": 64,
+        "norm_num_groups": 32,
+    },
+    "sd3": {
+        "sample_size": IMAGE_SIZE,
+        "patch_size": 2,
+        "in_channels": 3,
+        "out_channels": 3,
+        "num_layers": 6,
+        "attention_head_dim": 32,
+        "num_attention_heads": 4,
+        "joint_attention_dim": 64,
+        "caption_projection_dim": 128,
+        "pooled_projection_dim": 64,
+        "pos_embed_max_size": IMAGE_SIZE // 2,
+        "qk_norm": "rms_norm",
+    },
+    # The first reference model (kept to compare with): 32 heads of 1 channel at its top level.
+    "unet-v1": {
+        "sample_size": 32,
+        "in_channels": 3,
+        "out_channels": 3,
+        "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+        "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+        "block_out_channels": [32, 64, 128],
+        "layers_per_block": 1,
+        "attention_head_dim": 32,
+        "cross_attention_dim": 64,
+        "norm_num_groups": 32,
+    },
+    "flux": {
+        "patch_size": 1,
+        "in_channels": 12,  # 3 channels × 2×2 packed pixels
+        "num_layers": 2,
+        "num_single_layers": 4,
+        "attention_head_dim": 32,
+        "num_attention_heads": 4,
+        "joint_attention_dim": 64,
+        "pooled_projection_dim": 64,
+        "guidance_embeds": False,
+        "axes_dims_rope": [8, 12, 12],
+    },
+}
+
+
+def _is_unet(kind: str) -> bool:
+    return kind.startswith("unet")
+
+
+def _cond_dim(kind: str) -> int:
+    config = CONFIGS[kind]
+    return config["cross_attention_dim"] if _is_unet(kind) else config["joint_attention_dim"]
+
+
+class ReferenceModel(torch.nn.Module):
+    """A backbone (``denoiser``) plus the condition embedding: class ``c`` -> ``COND_TOKENS`` tokens."""
+
+    def __init__(self, kind: str, num_classes: int, class_names: list[str] | None = None) -> None:
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        self.kind = kind
+        self.num_classes = num_classes
+        self.class_names = class_names or [f"class {i}" for i in range(num_classes)]
+        config = CONFIGS[kind]
+        if _is_unet(kind):
+            from diffusers import UNet2DConditionModel
+
+            self.denoiser = UNet2DConditionModel(**config)
+        elif kind == "sd3":
+            from diffusers import SD3Transformer2DModel
+
+            self.denoiser = SD3Transformer2DModel(**config)
+        else:
+            from diffusers import FluxTransformer2DModel
+
+            self.denoiser = FluxTransformer2DModel(**config)
+        dim = _cond_dim(kind)
+        self.cond = torch.nn.Embedding(num_classes + 1, COND_TOKENS * dim)  # last row: unconditional
+        self.pooled = None if _is_unet(kind) else torch.nn.Embedding(num_classes + 1, dim)
+
+    @property
+    def null_class(self) -> int:
+        return self.num_classes
+
+    @property
+    def image_tokens_first(self) -> bool:
+        """Order of image and condition tokens in joint attention (SD3: image first; Flux: text first)."""
+        return self.kind != "flux"
+
+    def context(self, labels: torch.Tensor) -> torch.Tensor:
+        return self.cond(labels).view(labels.shape[0], COND_TOKENS, -1)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Predicted noise for images ``x`` (B, 3, H, W) at timesteps ``t`` (0..999)."""
+        context = self.context(labels)
+        t = t.expand(x.shape[0]) if t.ndim else t.repeat(x.shape[0])
+        if _is_unet(self.kind):
+            return self.denoiser(x, t, encoder_hidden_states=context).sample
+        pooled = self.pooled(labels)
+        if self.kind == "sd3":
+            return self.denoiser(hidden_states=x, encoder_hidden_states=context, pooled_projections=pooled, timestep=t).sample
+        b, c, h, w = x.shape
+        packed = x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
+        out = self.denoiser(
+            hidden_states=packed,
+            encoder_hidden_states=context,
+            pooled_projections=pooled,
+            timestep=t.float() / TRAIN_TIMESTEPS,  # Flux scales by 1000 itself
+            img_ids=flux_image_ids(h // 2, w // 2, x.device),
+            txt_ids=torch.zeros(COND_TOKENS, 3, device=x.device),
+        ).sample
+        return out.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+
+
+def flux_image_ids(h: int, w: int, device: torch.device | None = None) -> torch.Tensor:
+    """Flux's (h*w, 3) position ids (0, row, col) of a row-major token grid."""
+    ids = torch.zeros(h, w, 3, device=device)
+    ids[..., 1] = torch.arange(h, device=device)[:, None]
+    ids[..., 2] = torch.arange(w, device=device)[None, :]
+    return ids.reshape(h * w, 3)
+
+
+def scheduler_config() -> dict[str, Any]:
+    return {"num_train_timesteps": TRAIN_TIMESTEPS, "beta_schedule": "squaredcos_cap_v2", "prediction_type": "epsilon"}
+
+
+def save_reference(model: ReferenceModel, path: str | Path, metadata: dict[str, Any] | None = None) -> None:
+    """fp16 safetensors with what loading needs (kind, classes) in its metadata."""
+    from safetensors.torch import save_file
+
+    meta = {"kind": model.kind, "num_classes": str(model.num_classes), "class_names": json.dumps(model.class_names)}
+    meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in (metadata or {}).items()})
+    tensors = {k: v.detach().half().contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return dict(f.metadata())
+
+
+def shipped(kind: str = "unet") -> Path:
+    """The path of the reference model of ``kind`` that ships with the package."""
+    from importlib import resources
+
+    name = "reference.safetensors" if kind == "unet-v1" else f"reference-{kind}.safetensors"
+    return Path(str(resources.files("tokenmerge") / "assets" / name))
+
+
+def load_reference(path: str | Path) -> ReferenceModel:
+    """A reference model saved by :func:`save_reference` (fp32, eval mode)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no reference model at {path}")
+    meta = read_metadata(path)
+    kind = meta.get("kind", "unet-v1")  # v1 files predate the kind field
+    model = ReferenceModel(kind, int(meta["num_classes"]), json.loads(meta["class_names"]))
+    state = {k: v.float() for k, v in load_file(str(path)).items()}
+    if kind == "unet-v1":  # v1 named its backbone "unet"
+        state = {k.replace("unet.", "denoiser.", 1) if k.startswith("unet.") else k: v for k, v in state.items()}
+    model.load_state_dict(state)
+    return model.eval()
+
+
+@torch.no_grad()
+def sample(model: ReferenceModel, labels: torch.Tensor, noise: torch.Tensor, steps: int = 20, guidance: float = 3.0) -> torch.Tensor:
+    """DDIM with classifier-free guidance (one batch of 2B: conditional + unconditional), images in [-1, 1].
+
+    The same ``noise`` starts the same trajectory for every variant compared."""
+    from diffusers import DDIMScheduler
+
+    scheduler = DDIMScheduler(**scheduler_config(), clip_sample=True)
+    scheduler.set_timesteps(steps)
+    x = noise.clone()
+    both = torch.cat([labels, torch.full_like(labels, model.null_class)])
+    for t in scheduler.timesteps:
+        eps = model(torch.cat([x, x]), t, both)
+        cond, uncond = eps.chunk(2)
+        x = scheduler.step(uncond + guidance * (cond - uncond), t, x).prev_sample
+    return x.clamp(-1, 1)

@@ -1,0 +1,172 @@
+"""Train a reference model on random crops of the bundled photographs; checkpointed and resumable.
+
+    tokenmerge train-reference --kind unet --out runs/unet --hours 6      # resumes runs/unet/checkpoint.pt if present
+
+Everything is seeded: the data stream's generator state is part of the checkpoint, so an interrupted and
+resumed run sees the same crops as an uninterrupted one. SIGINT / SIGTERM save a checkpoint before exiting.
+The run writes, into ``--out``: ``checkpoint.pt`` (model, EMA, optimiser, step, data-generator state),
+``training.json`` (loss curve and the held-out attention-structure curve) and, at the end, the EMA weights
+``reference-<kind>.safetensors``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .models import IMAGE_SIZE, ReferenceModel, save_reference, scheduler_config
+from .photos import HELD_OUT, TRAINING, load_photo, random_crops
+from .structure import measure
+
+STRUCTURE_TIMESTEPS = (100, 500, 900)
+
+
+@dataclass
+class TrainConfig:
+    kind: str = "unet"
+    out: str = "runs/unet"
+    steps: int = 10**9
+    hours: float = 1.0  # wall-time budget of this invocation (a resumed run gets a new budget)
+    batch: int = 8
+    lr: float = 1e-3
+    warmup: int = 200
+    ema: float = 0.999
+    cond_dropout: float = 0.15
+    seed: int = 0
+    log_every: int = 50
+    checkpoint_minutes: float = 10.0
+    structure_every: int = 250  # steps between attention-structure measurements on held-out photos (0: never)
+    max_images: int = 0  # use only the first N photographs (smoke tests)
+    photo_side: int = 256
+    extra: dict = field(default_factory=dict)
+
+
+def held_out_batch(res: int = IMAGE_SIZE, per_photo: int = 2, seed: int = 0) -> torch.Tensor:
+    """Fixed crops of the held-out photographs (never trained on)."""
+    images = [load_photo(p, 128) for p in HELD_OUT]
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(len(images)).repeat_interleave(per_photo)
+    crops, _ = random_crops(images, len(labels), res, g, labels)
+    return crops
+
+
+def grid_of(model: ReferenceModel, res: int = IMAGE_SIZE) -> tuple[int, int]:
+    """The highest-resolution token grid of the model at ``res`` px: 1 token per pixel (UNet) or per 2×2 patch."""
+    return (res, res) if model.kind.startswith("unet") else (res // 2, res // 2)
+
+
+def structure_of(model: ReferenceModel, x0: torch.Tensor, timesteps=STRUCTURE_TIMESTEPS) -> list[dict]:
+    from diffusers import DDPMScheduler
+
+    alphas = DDPMScheduler(**scheduler_config()).alphas_cumprod
+    labels = torch.full((x0.shape[0],), model.null_class)
+    results = measure(lambda xt, t: model(xt, t, labels), x0, timesteps, alphas, grid_of(model, x0.shape[-1]), model.image_tokens_first)
+    return [dict(asdict(r), distance_ratio=r.distance_ratio) for r in results]
+
+
+def train(cfg: TrainConfig, log=print) -> Path:
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    photos = TRAINING[: cfg.max_images] if cfg.max_images else TRAINING
+    images = [load_photo(p, cfg.photo_side) for p in photos]
+    names = [p.name for p in photos]
+    torch.manual_seed(cfg.seed)
+    model = ReferenceModel(cfg.kind, len(images), names)
+    ema = ReferenceModel(cfg.kind, len(images), names)
+    ema.load_state_dict(model.state_dict())
+    ema.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    g = torch.Generator().manual_seed(cfg.seed)
+    log_data = {"config": asdict(cfg), "photos": names, "losses": [], "structure": [], "seconds": 0.0, "step": 0}
+    checkpoint = out / "checkpoint.pt"
+    if checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        ema.load_state_dict(state["ema"])
+        optimizer.load_state_dict(state["optimizer"])
+        g.set_state(state["generator"])
+        log_data = state["log"]
+        log(f"resumed {checkpoint} at step {log_data['step']}")
+    params = sum(p.numel() for p in model.parameters())
+    log(f"{cfg.kind} reference model: {params / 1e6:.2f} M parameters, {len(images)} photographs, {torch.get_num_threads()} threads")
+    from diffusers import DDPMScheduler
+
+    alphas = DDPMScheduler(**scheduler_config()).alphas_cumprod
+    held_out = held_out_batch() if cfg.structure_every else None
+
+    def save() -> None:
+        log_data["seconds"] += time.monotonic() - save.since
+        save.since = time.monotonic()
+        state = {
+            "model": model.state_dict(),
+            "ema": ema.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "generator": g.get_state(),
+            "log": log_data,
+        }
+        torch.save(state, checkpoint.with_suffix(".tmp"))
+        checkpoint.with_suffix(".tmp").replace(checkpoint)
+        (out / "training.json").write_text(json.dumps(log_data, indent=1))
+
+    save.since = time.monotonic()
+    stop = {"now": False}
+
+    def request_stop(signum, frame):
+        stop["now"] = True
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    deadline = time.monotonic() + cfg.hours * 3600
+    next_checkpoint = time.monotonic() + cfg.checkpoint_minutes * 60
+    running, started_step = 0.0, log_data["step"]
+    try:
+        while log_data["step"] < cfg.steps and time.monotonic() < deadline and not stop["now"]:
+            step = log_data["step"]
+            x0, labels = random_crops(images, cfg.batch, IMAGE_SIZE, g)
+            labels = torch.where(torch.rand(cfg.batch, generator=g) < cfg.cond_dropout, model.null_class, labels)
+            t = torch.randint(0, len(alphas), (cfg.batch,), generator=g)
+            noise = torch.randn(x0.shape, generator=g)
+            a = alphas[t].view(-1, 1, 1, 1)
+            xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+            loss = F.mse_loss(model(xt, t, labels), noise)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            with torch.no_grad():
+                decay = min(cfg.ema, (1 + step) / (10 + step))
+                for pe, pm in zip(ema.parameters(), model.parameters()):
+                    pe.lerp_(pm, 1 - decay)
+            log_data["step"] = step = step + 1
+            running += loss.item()
+            if step % cfg.log_every == 0:
+                elapsed = log_data["seconds"] + time.monotonic() - save.since
+                log_data["losses"].append([step, running / cfg.log_every, round(elapsed)])
+                log(f"step {step}  loss {running / cfg.log_every:.4f}  {elapsed / 60:.1f} min", flush=True)
+                running = 0.0
+            if held_out is not None and step % cfg.structure_every == 0:
+                ema.eval()
+                curve = structure_of(ema, held_out, (500,))
+                log_data["structure"].append({"step": step, **curve[0]})
+                log(
+                    f"step {step}  held-out attention at t=500: entropy {curve[0]['entropy']:.3f}, distance {curve[0]['distance_ratio']:.2f}x uniform",
+                    flush=True,
+                )
+            if time.monotonic() > next_checkpoint:
+                save()
+                next_checkpoint = time.monotonic() + cfg.checkpoint_minutes * 60
+    finally:
+        save()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    weights = out / f"reference-{cfg.kind}.safetensors"
+    save_reference(ema, weights, {"steps": log_data["step"], "train_res": IMAGE_SIZE, "seed": cfg.seed})
+    log(f"saved {weights} at step {log_data['step']} ({log_data['step'] - started_step} steps this run)")
+    return weights
