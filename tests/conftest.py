@@ -113,3 +113,20 @@ def recorded_plans(monkeypatch) -> list:
 
     monkeypatch.setattr(tokenmerge.hooks.calls, "plan_merge", recording)
     return plans
+
+
+def pytest_report_header(config) -> str:
+    """Which ComfyUI code the ComfyUI tests run against (a checkout from COMFYUI_PATH, or notcomfy)."""
+    import importlib.util
+
+    if importlib.util.find_spec("comfy") is None:
+        return "ComfyUI: not installed (its tests are skipped)"
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        notcomfy = f"notcomfy {version('notcomfy')}"
+    except PackageNotFoundError:
+        notcomfy = "no notcomfy"
+    import os
+
+    return f"ComfyUI: COMFYUI_PATH={os.environ.get('COMFYUI_PATH', '(unset)')}, {notcomfy}"

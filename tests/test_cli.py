@@ -69,3 +69,28 @@ def test_bench_runs_the_transformers_with_their_attention_share(model, tmp_path,
 def test_bench_labels_a_transformer_with_fewer_blocks(capsys):
     assert main(["bench", "--model", "flux", "--small", "--blocks", "1", "--sizes", "64", "--repeats", "0", "--variants", "auto"]) == 0
     assert "first 1 double + 2 single blocks at full width" in capsys.readouterr().out
+
+
+def test_bench_whole_sampling_loops_with_accelerators(tmp_path, capsys):
+    pytest.importorskip("DeepCache")
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--small", "--steps", "3", "--sizes", "128", "--repeats", "0", "--json", str(out)]
+    assert main([*argv, "--variants", "deepcache", "auto+deepcache", "tome:0.5+freeu", "tome:0.5+slicing"]) == 0
+    assert "whole sampling loops of 3 DDIM steps" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    names = ["vanilla", "DeepCache", "tokenmerge auto + DeepCache", "tokenmerge r=0.5 + FreeU", "tokenmerge r=0.5 + attention slicing"]
+    assert [r["variant"] for r in rows] == names
+    assert all(r["rel_l2"] > 0 for r in rows[1:])
+
+
+@pytest.mark.parametrize("spec,error", [("auto+turbo", "unknown accelerator"), ("deepcache+tome:0.5", "unknown accelerator")])
+def test_bad_accelerator_specs(spec, error):
+    from tokenmerge.tools.specs import PatchSpec
+
+    with pytest.raises(ValueError, match=error):
+        PatchSpec.parse(spec)
+
+
+def test_accelerators_need_whole_sampling_loops(capsys):
+    with pytest.raises(SystemExit, match="add --steps N"):
+        main(["bench", "--small", "--variants", "auto+deepcache"])

@@ -134,3 +134,17 @@ def test_token_grid_recovers_odd_sizes():
     assert token_grid([1, 4, 65, 97], 65 * 97) == (65, 97, 1)
     assert token_grid([1, 4, 65, 97], 33 * 49) == (33, 49, 2)
     assert token_grid([1, 4, 65, 97], 1000) is None
+
+
+def test_a_comfyui_checkout_is_not_silently_shadowed_by_notcomfy(tmp_path):
+    """notcomfy's regular `comfy` package would win over a checkout's namespace package: importing refuses."""
+    import subprocess
+    import sys
+
+    checkout = tmp_path / "ComfyUI"
+    (checkout / "comfy").mkdir(parents=True)  # a checkout's comfy/ has no __init__.py
+    (checkout / "comfy" / "model_management.py").write_text("")
+    code = "from tokenmerge.tools.comfy_models import import_comfy\nimport_comfy()"
+    env = {**__import__("os").environ, "COMFYUI_PATH": str(checkout)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode != 0 and "shadows the checkout" in result.stderr

@@ -12,6 +12,7 @@ these numbers say little about image quality (see ``tokenmerge eval``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import statistics
@@ -142,22 +143,30 @@ def _forward(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         return model(inputs["sample"], inputs["timestep"], inputs["encoder_hidden_states"], **extra).sample
 
 
-def _patched(unet: torch.nn.Module, spec: PatchSpec, defaults: dict[str, Any]) -> Callable[[dict[str, Any]], torch.Tensor]:
+def _patched(model: torch.nn.Module, spec: PatchSpec, defaults: dict[str, Any]) -> Callable[[dict[str, Any]], torch.Tensor]:
     def forward(inputs: dict[str, Any]) -> torch.Tensor:
-        spec.patch(unet, **defaults)
-        try:
-            return _forward(unet, inputs)
-        finally:
-            spec.unpatch(unet)
+        with spec.applied(model, **defaults):
+            return _forward(model, inputs)
 
     return forward
+
+
+def _sampled(pipe: Any, spec: PatchSpec | None, defaults: dict[str, Any], steps: int) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """One whole sampling loop of ``steps`` steps with the spec (and its accelerators) on the pipeline."""
+    from .pipelines import sample_latents
+
+    def sample(inputs: dict[str, Any]) -> torch.Tensor:
+        with contextlib.nullcontext() if spec is None else spec.applied(pipe, **defaults):
+            return sample_latents(pipe, inputs["size_px"], steps, seed=inputs["seed"], batch=inputs["batch"])
+
+    return sample
 
 
 def _compiled(unet: torch.nn.Module, spec: PatchSpec | None, defaults: dict[str, Any]) -> Callable[[dict[str, Any]], torch.Tensor]:
     """A patched copy of the model, compiled once (patching a compiled module per call would recompile)."""
     model = copy.deepcopy(unet)
     if spec is not None:
-        spec.patch(model, **defaults)
+        spec.applied(model, **defaults).__enter__()  # stays patched: the copy is compiled with the patch
     compiled = torch.compile(model)
     return lambda inputs: _forward(compiled, inputs)
 
@@ -260,12 +269,19 @@ def run_bench(
     dtype: torch.dtype = torch.float32,
     compile: bool = False,
     blocks: int | None = None,
+    steps: int = 0,
     log: Callable[[str], None] = print,
 ) -> list[Row]:
-    """The diffusers model of ``model``: vanilla and each spec (default: :func:`default_specs`)."""
+    """The diffusers model of ``model``: vanilla and each spec (default: :func:`default_specs`), one forward per
+    variant, or (``steps`` > 0, UNets) one whole sampling loop of that many steps per variant, where specs may
+    combine tokenmerge with accelerators that work across steps (``auto+deepcache``)."""
     wanted = default_specs(model=model) if specs is None else specs
     if model in TRANSFORMERS and any(s.method == "tomesd" for s in wanted):
         raise ValueError(f"tomesd does not support {model} (it patches UNet BasicTransformerBlocks only); drop the tomesd rows")
+    if any(s.accelerators for s in wanted) and not steps:
+        raise ValueError("accelerators (+deepcache, +freeu, +slicing) work on whole sampling loops: add --steps N")
+    if steps and (model not in UNETS or compile):
+        raise ValueError("--steps times whole sampling loops of a UNet pipeline (sd15, sd21, sdxl), without --compile")
     specs = available(wanted)
     if len(specs) < len(wanted):
         log("tomesd is not installed: its rows are left out (pip install tomesd==0.1.3)")
@@ -277,6 +293,14 @@ def run_bench(
         with patched(net):
             # tomesd gets tokenmerge's level: its own default (1) merges nothing on SDXL.
             defaults["max_downsample"] = describe(net).denoisers[0].top_level
+    if steps:
+        from .pipelines import latent_pipeline
+
+        pipe = latent_pipeline(net)
+        variants = [Variant("vanilla", _sampled(pipe, None, defaults, steps))]
+        variants += [Variant(s.name, _sampled(pipe, s, defaults, steps)) for s in specs]
+        pipe_inputs = lambda size: {"size_px": size, "seed": seed, "batch": batch // 2 or 1}  # noqa: E731 (CFG doubles it)
+        return time_variants(variants, {size: (lambda size=size: pipe_inputs(size)) for size in sizes_px}, repeats, net.device, log)
     if compile:
         # Each variant is a patched copy of one architecture: with torch's default (hook guards skipped)
         # the copies would all reuse the graph traced first, the vanilla one.

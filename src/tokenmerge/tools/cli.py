@@ -36,11 +36,21 @@ def _bench(args: argparse.Namespace) -> int:
         dtype = getattr(torch, args.dtype)
         try:
             rows = run_bench(
-                model=args.model, **common, specs=specs, device=args.device, dtype=dtype, compile=args.compile, blocks=args.blocks, log=log
+                model=args.model,
+                **common,
+                specs=specs,
+                device=args.device,
+                dtype=dtype,
+                compile=args.compile,
+                blocks=args.blocks,
+                steps=args.steps,
+                log=log,
             )
         except ValueError as error:
             raise SystemExit(f"tokenmerge bench: error: {error}") from error
         label = f"{describe_model(args.model, args.small, args.blocks)}, {args.dtype}{', compiled' if args.compile else ''}"
+        if args.steps:
+            label += f", whole sampling loops of {args.steps} DDIM steps (CFG)"
     print(format_table(rows, label, args.batch, args.device))
     meta = dict(
         model=label, batch=args.batch, threads=torch.get_num_threads(), torch=torch.__version__, device=args.device, argv=sys.argv[1:]
@@ -153,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help="configurations beside vanilla, e.g. tomesd:0.5 tome:0.5 todo:2 auto 'tome:0.5,share_plan=true' "
         "'tome:0.5,reuse_steps=3' 'tome:0.5,match_dtype=bfloat16' (default: tomesd:0.5 (UNets) tome:0.5 auto)",
+    )
+    bench.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="UNets: time whole sampling loops of N DDIM steps (CFG) instead of one forward; variants may then add "
+        "accelerators: auto+deepcache, tome:0.5+freeu, deepcache, ... (default 0: one forward)",
     )
     bench.add_argument("--ratio", type=float, default=0.5, help="ratio of the default tomesd/tome rows and of --comfyui")
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N]")

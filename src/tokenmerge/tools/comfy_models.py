@@ -1,12 +1,17 @@
 """ComfyUI's own SD 1.5 / SDXL UNets with random weights, for ``tokenmerge bench --comfyui`` and the tests.
 
-Needs ComfyUI's ``comfy`` package (PyPI: ``notcomfy``, GPL-3; never vendored, imported only here, at run
-time). ComfyUI must parse its arguments (``--cpu`` here) before its model code is imported.
+Needs ComfyUI's ``comfy`` package: a ComfyUI checkout named by the ``COMFYUI_PATH`` environment variable, or
+PyPI's ``notcomfy`` (an older copy of it, GPL-3; never vendored, imported only here, at run time). notcomfy
+installs a regular ``comfy`` package, and a regular package wins over a checkout's namespace package whatever
+the order of ``sys.path``: with ``COMFYUI_PATH`` set, an import that does not come from the checkout raises
+instead of silently testing notcomfy. ComfyUI must parse its arguments (``--cpu`` here) before its model
+code is imported.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from typing import Any
 
@@ -76,6 +81,9 @@ def import_comfy(attention: str = "default") -> Any:
 
         return comfy
     import_comfy.attention = attention  # type: ignore[attr-defined]
+    checkout = os.environ.get("COMFYUI_PATH")
+    if checkout and checkout not in sys.path:
+        sys.path.insert(0, checkout)
     saved = sys.argv
     sys.argv = ["comfyui", "--cpu", *ATTENTION_FLAGS[attention]]
     try:
@@ -87,7 +95,21 @@ def import_comfy(attention: str = "default") -> Any:
         import comfy.supported_models
     finally:
         sys.argv = saved
+    source = comfy_source()
+    if checkout and not source.startswith(os.path.realpath(checkout)):
+        raise RuntimeError(
+            f"COMFYUI_PATH={checkout} but 'comfy' was imported from {source}: notcomfy's regular package shadows the "
+            "checkout's namespace package whatever the order of sys.path; pip uninstall notcomfy to use the checkout"
+        )
     return comfy
+
+
+def comfy_source() -> str:
+    """Where the imported ``comfy`` package comes from (a checkout's folder, or notcomfy's in site-packages)."""
+    import comfy
+
+    locations = list(getattr(comfy, "__path__", [])) or [os.path.dirname(comfy.__file__)]
+    return os.path.realpath(os.path.dirname(locations[0]))
 
 
 def attention_backend() -> str:

@@ -12,6 +12,7 @@ conditions are text prompts).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -164,15 +165,10 @@ def run_eval(
         produced: dict[str, np.ndarray] = {}
         for config in runs[shift:] + runs[:shift]:
             name = "vanilla" if config is None else config.name
-            if config is not None:
-                config.patch(target)
-            try:
+            with contextlib.nullcontext() if config is None else config.applied(target):
                 t0 = time.perf_counter()
                 produced[name] = sampler(seed)
                 results[name].seconds += time.perf_counter() - t0
-            finally:
-                if config is not None:
-                    config.unpatch(target)
             progress()
         reference = produced["vanilla"]
         for name, image in produced.items():

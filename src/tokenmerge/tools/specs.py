@@ -1,20 +1,25 @@
 """Configurations named on the command line (``tokenmerge bench`` / ``tokenmerge eval``), e.g.
 
 ``tome:0.5`` (ratio), ``todo:2`` (key/value factor), ``auto``, ``tomesd:0.5`` (the reference library)
-and any tokenmerge option after a comma: ``tome:0.5,share_plan=true,reuse_steps=3,match_dtype=bfloat16``.
+and any tokenmerge option after a comma: ``tome:0.5,share_plan=true,reuse_steps=3,match_dtype=bfloat16``;
+with ``+`` an accelerator from :mod:`tokenmerge.tools.pipelines` (whole sampling loops, ``bench --steps``):
+``auto+deepcache``, ``tome:0.5+freeu``, or an accelerator alone: ``deepcache``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import apply_patch, remove_patch
 from ..config import OPTION_NAMES, TokenMergeConfig
 
-METHODS = ("tome", "todo", "auto", "tomesd")
-_FORMAT = "tome:0.5, todo:2, auto or tomesd:0.5, optionally followed by ,option=value"
+METHODS = ("tome", "todo", "auto", "tomesd", "none")
+ACCELERATORS = ("deepcache", "freeu", "slicing")
+_FORMAT = "tome:0.5, todo:2, auto or tomesd:0.5, optionally followed by ,option=value and +deepcache / +freeu / +slicing"
 
 
 def _parse_value(text: str) -> Any:
@@ -35,15 +40,29 @@ def _parse_value(text: str) -> Any:
 class PatchSpec:
     """One configuration to compare against vanilla."""
 
-    method: str
+    method: str  # "none": an accelerator alone
     value: float | None = None  # ratio (tome, tomesd) or key/value factor (todo); None for auto
     options: dict[str, Any] = field(default_factory=dict)
+    accelerators: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, spec: str) -> PatchSpec:
-        head, *extras = spec.split(",")
+        first, *accelerators = spec.split("+")
+        if first in ACCELERATORS:
+            first, accelerators = "none", [first, *accelerators]
+        unknown = [a for a in accelerators if a not in ACCELERATORS]
+        if unknown:
+            raise ValueError(f"configuration must look like {_FORMAT}; unknown accelerator(s) {', '.join(unknown)} in {spec!r}")
+        if first == "none":
+            return cls("none", accelerators=tuple(accelerators))
+        parsed = cls._parse_patch(first, spec)
+        return cls(parsed.method, parsed.value, parsed.options, tuple(accelerators))
+
+    @classmethod
+    def _parse_patch(cls, text: str, spec: str) -> PatchSpec:
+        head, *extras = text.split(",")
         method, _, value = head.partition(":")
-        if method not in METHODS or (method == "auto") != (value == ""):
+        if method not in METHODS[:4] or (method == "auto") != (value == ""):
             raise ValueError(f"configuration must look like {_FORMAT}; got {spec!r}")
         options: dict[str, Any] = {}
         for extra in extras:
@@ -67,30 +86,46 @@ class PatchSpec:
 
     @property
     def name(self) -> str:
+        accelerators = [{"deepcache": "DeepCache", "freeu": "FreeU", "slicing": "attention slicing"}[a] for a in self.accelerators]
+        if self.method == "none":
+            return " + ".join(accelerators)
         if self.method == "tomesd":
-            return f"tomesd 0.1.3 r={self.value:g}"
-        head = {"tome": "tokenmerge r={:g}", "todo": "tokenmerge todo f={:g}", "auto": "tokenmerge auto"}[self.method]
-        extras = "".join(f" {k}={v}" for k, v in self.options.items())
-        return head.format(self.value) + extras
+            head = f"tomesd 0.1.3 r={self.value:g}"
+        else:
+            head = {"tome": "tokenmerge r={:g}", "todo": "tokenmerge todo f={:g}", "auto": "tokenmerge auto"}[self.method].format(
+                self.value
+            )
+            head += "".join(f" {k}={v}" for k, v in self.options.items())
+        return " + ".join([head, *accelerators])
 
-    def patch(self, target: Any, **defaults: Any) -> None:
-        """Patch ``target``; ``defaults`` (e.g. seed) apply unless the spec sets them. For tomesd, only
-        ``max_downsample`` is passed on (tomesd's default of 1 does nothing on SDXL)."""
+    @contextlib.contextmanager
+    def applied(self, target: Any, **defaults: Any) -> Iterator[None]:
+        """Patch ``target`` (and turn the accelerators on, ``target`` then being a pipeline) for the block's
+        duration. ``defaults`` (e.g. seed) apply unless the spec sets them; tomesd only gets ``max_downsample``
+        (its own default of 1 does nothing on SDXL)."""
+        from .pipelines import enable
+
         if self.method == "tomesd":
             import tomesd
 
             level = {"max_downsample": defaults["max_downsample"]} if defaults.get("max_downsample") else {}
             tomesd.apply_patch(target, ratio=self.value, **level)
-        else:
+        elif self.method != "none":
             apply_patch(target, **({k: v for k, v in defaults.items() if k != "max_downsample"} | self.kwargs()))
+        offs = []
+        try:
+            for accelerator in self.accelerators:
+                offs.append(enable(target, accelerator))
+            yield
+        finally:
+            for off in reversed(offs):
+                off()
+            if self.method == "tomesd":
+                import tomesd
 
-    def unpatch(self, target: Any) -> None:
-        if self.method == "tomesd":
-            import tomesd
-
-            tomesd.remove_patch(target)
-        else:
-            remove_patch(target)
+                tomesd.remove_patch(target)
+            elif self.method != "none":
+                remove_patch(target)
 
 
 def available(specs: list[PatchSpec]) -> list[PatchSpec]:

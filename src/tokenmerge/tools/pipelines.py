@@ -1,0 +1,87 @@
+"""A diffusers pipeline around a bench UNet, for timing whole sampling loops (``tokenmerge bench --steps``) and
+combining tokenmerge with accelerators that work across steps (DeepCache) or on a pipeline (FreeU, slicing).
+
+No text encoder and no decoding: the pipeline is called with prompt embeddings and ``output_type="latent"``;
+its VAE is a small untrained one that only sets the latent scale factor (8). Accelerators named here:
+
+- ``deepcache``: DeepCache (PyPI ``DeepCache``, ``DeepCacheSDHelper``): full UNet passes every 3 steps, cached
+  deep features in between (``cache_branch_id=0``);
+- ``freeu``: FreeU (``pipe.enable_freeu``, SD 1.5's published factors);
+- ``slicing``: attention slicing (``pipe.enable_attention_slicing()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+ACCELERATORS = ("deepcache", "freeu", "slicing")
+
+
+def latent_pipeline(unet: torch.nn.Module) -> Any:
+    """A StableDiffusionPipeline around ``unet`` that runs without text encoder, tokenizer or decoding."""
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline
+
+    vae = AutoencoderKL(
+        block_out_channels=[8] * 4,
+        down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4,
+        norm_num_groups=8,
+        latent_channels=unet.config.in_channels,
+    )
+    pipe = StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=None,
+        tokenizer=None,
+        unet=unet,
+        scheduler=DDIMScheduler(),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def sample_latents(pipe: Any, size_px: int, steps: int, seed: int = 0, batch: int = 1) -> torch.Tensor:
+    """One sampling loop (CFG 7.5) from fixed prompt embeddings and noise; returns the final latents."""
+    g = torch.Generator().manual_seed(seed)
+    dim = pipe.unet.config.cross_attention_dim
+    embeds = torch.randn(batch, 77, dim, generator=g)
+    negative = torch.randn(batch, 77, dim, generator=g)
+    with torch.inference_mode():
+        return pipe(
+            prompt_embeds=embeds,
+            negative_prompt_embeds=negative,
+            height=size_px,
+            width=size_px,
+            num_inference_steps=steps,
+            generator=torch.Generator().manual_seed(seed),
+            output_type="latent",
+        ).images
+
+
+def enable(pipe: Any, accelerator: str) -> Callable[[], None]:
+    """Turn ``accelerator`` on for ``pipe``; returns the function that turns it off again."""
+    if accelerator == "deepcache":
+        from DeepCache import DeepCacheSDHelper
+
+        helper = DeepCacheSDHelper(pipe=pipe)
+        helper.set_params(cache_interval=3, cache_branch_id=0)
+        helper.enable()
+
+        def off() -> None:
+            helper.disable()
+            for module in pipe.unet.modules():  # DeepCache re-assigns the bound methods it saved: drop them
+                vars(module).pop("forward", None)
+
+        return off
+    if accelerator == "freeu":
+        pipe.enable_freeu(s1=0.9, s2=0.2, b1=1.5, b2=1.6)
+        return pipe.disable_freeu
+    if accelerator == "slicing":
+        pipe.enable_attention_slicing()
+        return pipe.disable_attention_slicing
+    raise ValueError(f"accelerator must be one of {', '.join(ACCELERATORS)}, got {accelerator!r}")
