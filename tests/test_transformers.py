@@ -234,3 +234,16 @@ def test_fused_projections_flux_and_pixart(models):
             model.fuse_qkv_projections()
             fused = _run(model, inputs)
         torch.testing.assert_close(fused, unfused, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("interpolation", ["nearest-exact", "area"])
+def test_sd3_keys_from_downsampled_projections_equal_downsampled_keys(interpolation):
+    """SD3's image keys/values are projected from downsampled tokens (fewer FLOPs); with fused projections they are
+    downsampled at the attention call instead: the same keys up to float rounding (the maps commute)."""
+    model = build_model("sd3", small=True)
+    inputs = _inputs("sd3", model, (18, 14))
+    with tokenmerge.patched(model, method="todo", kv_factor=2, kv_interpolation=interpolation):
+        projected = _run(model, inputs)
+        model.fuse_qkv_projections()  # FusedJointAttnProcessor2_0: no separate to_k / to_v calls
+        at_attention = _run(model, inputs)
+    torch.testing.assert_close(projected, at_attention, rtol=1e-4, atol=1e-5)

@@ -75,7 +75,9 @@ class TokenMergeConfig:
     - sx, sy: window of the destination grid, in tokens (on a transformer: in patch tokens).
     - use_rand: pick the destination token of each window at random (derived from ``seed``, the block and
       the timestep; see :mod:`tokenmerge.algorithms.randomness`) instead of top-left.
-    - merge_attn / merge_crossattn / merge_mlp: which sub-layers run on the merged tokens.
+    - merge_attn / merge_crossattn / merge_mlp: which sub-layers run on the merged tokens. ``merge_mlp=None``
+      (default) is the model family's choice: off on UNets (tomesd's default), on for transformers (SD3, Flux,
+      PixArt), whose MLPs cost more than their attention at most sizes.
     - seed: seed of the random partition, any int (all its bits count). ``None`` means 0.
     - method: ``"tome"`` (token merging), ``"todo"`` (token downsampling, arXiv 2402.13573: queries keep
       every token, self-attention keys and values come from a copy of the image tokens downsampled by
@@ -98,7 +100,7 @@ class TokenMergeConfig:
     use_rand: bool = True
     merge_attn: bool = True
     merge_crossattn: bool = False
-    merge_mlp: bool = False
+    merge_mlp: bool | None = None
     seed: int | None = None
     method: str = "tome"
     kv_factor: int = 2
@@ -129,12 +131,19 @@ class TokenMergeConfig:
                 raise ValueError(f"max_downsample must be {allowed}, got {md!r}")
             put("max_downsample", md)
         for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_plan"):
-            put(name, _as_bool(name, getattr(self, name)))
+            if name != "merge_mlp" or self.merge_mlp is not None:
+                put(name, _as_bool(name, getattr(self, name)))
         if self.seed is not None:
             put("seed", _as_int("seed", self.seed, "None or an int"))
         _as_choice("method", self.method, METHODS)
         _as_choice("kv_interpolation", self.kv_interpolation, KV_INTERPOLATIONS)
         _as_choice("match_dtype", self.match_dtype, MATCH_DTYPES, none=True)
+
+    def merges(self, option: str, transformer: bool) -> bool:
+        """Whether the sub-layers switched by ``option`` (merge_attn, ...) run on merged tokens, in a UNet or in a
+        transformer (``merge_mlp=None`` is on in transformers only)."""
+        value = getattr(self, option)
+        return transformer if value is None else value
 
     @property
     def max_ratio(self) -> float:

@@ -79,7 +79,7 @@ def _action(config: TokenMergeConfig, spans: tuple[str, ...], level: int, grid: 
 
 def _describe(patch: PatchState, grid: tuple[int, int] | None) -> DenoiserDescription:
     config, layout = patch.config, patch.layout
-    enabled = {name for name in ("merge_attn", "merge_crossattn", "merge_mlp") if getattr(config, name)}
+    enabled = {name for name in ("merge_attn", "merge_crossattn", "merge_mlp") if config.merges(name, layout.single_level)}
     blocks = []
     for info in patch.blocks:
         spans = tuple(s.name for s in info.layout.spans if s.option in enabled)

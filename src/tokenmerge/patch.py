@@ -77,7 +77,7 @@ def apply_patch(
     use_rand: bool = DEFAULTS.use_rand,
     merge_attn: bool = DEFAULTS.merge_attn,
     merge_crossattn: bool = DEFAULTS.merge_crossattn,
-    merge_mlp: bool = DEFAULTS.merge_mlp,
+    merge_mlp: bool | None = DEFAULTS.merge_mlp,
     *,
     config: TokenMergeConfig | None = None,
     **options: Any,

@@ -67,14 +67,18 @@ class KeyValueSite:
     ``image_first``: position of the image tokens in its key sequence ([image; text] as SD3, or
     [text; image] as Flux). ``context_kwarg``: for plain self-attention, the keyword through which a
     downsampled copy of the tokens can be handed to the unchanged attention as its key/value source
-    (cheapest: the key and value projections then run on fewer tokens); without it, or when the
-    projections are fused, keys and values are downsampled at the attention call itself.
+    (cheapest: the key and value projections then run on fewer tokens); ``projections`` does the same
+    for a joint attention whose image keys and values have projections of their own; without either, or
+    when the projections are fused, keys and values are downsampled at the attention call itself.
     """
 
     module: torch.nn.Module
     image_first: bool = True
     context_kwarg: str | None = None
     mask_kwarg: str | None = None
+    # Key and value projections that see exactly the image tokens, with nothing position-dependent after them
+    # (SD3's to_k / to_v): their inputs can be downsampled, so that they run on fewer tokens.
+    projections: tuple[torch.nn.Module, ...] = ()
 
 
 @dataclass

@@ -30,12 +30,19 @@ def _config(module: torch.nn.Module, name: str, default: int) -> int:
     return default if value is None else int(value)
 
 
+def _key_value_projections(attention: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    """SD3's image keys and values: ``to_k`` / ``to_v`` see only the image tokens (the text has its own
+    ``add_k_proj`` / ``add_v_proj``) and only a per-token qk-norm follows, so their inputs can be downsampled."""
+    projections = tuple(getattr(attention, name, None) for name in ("to_k", "to_v"))
+    return projections if all(isinstance(p, torch.nn.Module) for p in projections) else ()
+
+
 def _joint_block(block: torch.nn.Module) -> BlockLayout:
     spans = [Span("merge_attn", block.attn, block.attn, leave_index=0, name="attn")]
-    kv = [KeyValueSite(block.attn, image_first=True)]
+    kv = [KeyValueSite(block.attn, image_first=True, projections=_key_value_projections(block.attn))]
     if isinstance(getattr(block, "attn2", None), torch.nn.Module):
         spans.append(Span("merge_attn", block.attn2, block.attn2, name="attn2"))
-        kv.append(KeyValueSite(block.attn2, image_first=True))
+        kv.append(KeyValueSite(block.attn2, image_first=True, projections=_key_value_projections(block.attn2)))
     if isinstance(getattr(block, "ff", None), torch.nn.Module):
         spans.append(Span("merge_mlp", block.ff, block.ff, name="ff"))
     return BlockLayout(block, spans, kv, kind=type(block).__name__)

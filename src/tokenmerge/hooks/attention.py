@@ -38,17 +38,23 @@ def projections_fused(attention: torch.nn.Module) -> bool:
 
 
 class ReduceKeysValues(TorchFunctionMode):
-    """Downsamples the image part of the keys and values of every SDPA call made while it is active."""
+    """Downsamples the image part of the keys and values of every SDPA call made while it is active, unless
+    the key and value projections already ran on downsampled image tokens (``projected``)."""
 
-    def __init__(self, grid: tuple[int, int], factor: int, interpolation: str, image_first: bool) -> None:
+    def __init__(self, grid: tuple[int, int], factor: int, interpolation: str, image_first: bool, projections: bool) -> None:
         super().__init__()
         self.grid, self.factor, self.interpolation, self.image_first = grid, factor, interpolation, image_first
+        self.projections = projections  # the attention's to_k / to_v may downsample their inputs
+        self.projected = 0
         self.reduced = 0
         self.mask_skipped = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is not _SDPA:
+            return func(*args, **kwargs)
+        if self.projected:  # keys and values were computed from downsampled image tokens already
+            self.reduced += 1
             return func(*args, **kwargs)
         values = dict(zip(_SDPA_NAMES, args))
         values.update({k: v for k, v in kwargs.items() if k in _SDPA_NAMES})
@@ -95,7 +101,7 @@ class DownsampleKeysValues:
             if not projections_fused(module):
                 kv = downsample_tokens(first_tensor(args, kwargs), h, w, factor, interpolation)
                 return args, {**kwargs, site.context_kwarg: kv}
-        mode = ReduceKeysValues((h, w), factor, interpolation, site.image_first)
+        mode = ReduceKeysValues((h, w), factor, interpolation, site.image_first, bool(site.projections) and not projections_fused(module))
         mode.__enter__()
         self.patch.open_mode(module, mode)
         return None
@@ -127,3 +133,23 @@ class CloseKeyValueMode:
                 else "it does not call torch's scaled_dot_product_attention (another attention backend?)"
             )
             warnings.warn(f"tokenmerge: transformer block {self.block}: keys and values were not downsampled: {reason}", stacklevel=2)
+
+
+class DownsampleProjectionInput:
+    """Pre-hook on a key or value projection (SD3's ``to_k`` / ``to_v``): while its attention's SDPA mode allows
+    it, project downsampled image tokens (the same keys as downsampling after the projection, fewer FLOPs)."""
+
+    def __init__(self, patch: PatchState, attention: torch.nn.Module) -> None:
+        self.patch = patch
+        self.attention = attention
+
+    def __call__(self, module: torch.nn.Module, args: tuple):
+        mode = self.patch.open_mode_of(self.attention)
+        if mode is None or not mode.projections or not args:
+            return None
+        x = args[0]
+        h, w = mode.grid
+        if x.ndim != 3 or x.shape[1] != h * w:
+            return None
+        mode.projected += 1
+        return (downsample_tokens(x, h, w, mode.factor, mode.interpolation), *args[1:])

@@ -8,7 +8,7 @@ from ..adapters import DenoiserLayout
 from ..adapters.base import Argument
 from ..config import TokenMergeConfig
 from ..planning import block_key
-from .attention import CloseKeyValueMode, DownsampleKeysValues
+from .attention import CloseKeyValueMode, DownsampleKeysValues, DownsampleProjectionInput
 from .calls import BeginCall, CaptureGrid, EndBlock, EndCall, PlanBlock, RecomputeEntry
 from .state import BlockInfo, PatchState
 from .tokens import EnterSpan, EnterSpanOnOutput, GatherRotary, LeaveSpan
@@ -56,6 +56,8 @@ def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
             for k, site in enumerate(block.kv_sites):
                 add(site.module.register_forward_pre_hook(DownsampleKeysValues(patch, index, k), with_kwargs=True))
                 add(site.module.register_forward_hook(CloseKeyValueMode(patch, index), with_kwargs=True, always_call=True))
+                for projection in site.projections:
+                    add(projection.register_forward_pre_hook(DownsampleProjectionInput(patch, site.module)))
     setattr(root, STATE_ATTR, patch)
     return patch
 

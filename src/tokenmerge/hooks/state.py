@@ -164,6 +164,11 @@ class PatchState:
             modes = self._local.modes = []
         modes.append((module, mode))
 
+    def open_mode_of(self, module: torch.nn.Module) -> Any:
+        """The SDPA mode open for ``module``'s call in this thread, if it is the innermost one."""
+        modes = getattr(self._local, "modes", None)
+        return modes[-1][1] if modes and modes[-1][0] is module else None
+
     def close_mode(self, module: torch.nn.Module) -> Any:
         modes = getattr(self._local, "modes", None)
         if modes and modes[-1][0] is module:

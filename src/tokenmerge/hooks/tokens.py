@@ -69,7 +69,7 @@ class EnterSpan(_SpanHook):
         if block is None or block.action.plan is None:
             return None
         span = self.patch.blocks[self.block].layout.spans[self.span]
-        if not getattr(self.patch.current().config, span.option):
+        if not self.patch.current().config.merges(span.option, self.patch.layout.single_level):
             return None
         refuse_caching_wrappers(module, f"{span.name} of transformer block {self.block}")
         return block.action.plan

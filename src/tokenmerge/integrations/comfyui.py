@@ -73,7 +73,7 @@ class ComfyTokenMerge:
     """The patch callables for one patched MODEL: decide in the attn1 patch, merge, unmerge after."""
 
     def __init__(self, config: TokenMergeConfig, top_level: int) -> None:
-        if config.merge_mlp:
+        if config.merge_mlp:  # None (the default) means off on UNets
             raise ValueError("merge_mlp is not available in ComfyUI: it has no patch point around the MLP")
         if config.share_plan or config.reuse_steps != 1:
             raise ValueError("share_plan and reuse_steps are not available in ComfyUI's patch points; leave them at False and 1")
