@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+import tokenmerge
 from tokenmerge.tools.architectures import build_unet, unet_inputs
 
 torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -57,19 +58,41 @@ def ldm_inputs(h: int, w: int, batch: int = 2, seed: int = 0, context_dim: int =
     return x, torch.full((batch,), 500.0), torch.randn(batch, 77, context_dim, generator=g)
 
 
+SHARED_MODELS: list[torch.nn.Module] = []
+
+
+def shared(model: torch.nn.Module) -> torch.nn.Module:
+    """Register a model that several tests use: every test must leave it unpatched (checked after each test)."""
+    SHARED_MODELS.append(model)
+    return model
+
+
+@pytest.fixture(autouse=True)
+def _shared_models_are_left_unpatched():
+    yield
+    dirty = [
+        type(m).__name__
+        for m in SHARED_MODELS
+        if tokenmerge.get_config(m) is not None or any(type(x).__name__ == "ToMeBlock" for x in m.modules())
+    ]
+    for model in SHARED_MODELS:
+        tokenmerge.remove_patch(model)  # so that one failure does not cascade into the tests after it
+    assert not dirty, f"the test left shared models patched: {dirty}"
+
+
 @pytest.fixture(scope="session")
 def sd15_small() -> torch.nn.Module:
-    return build_unet("sd15", small=True)
+    return shared(build_unet("sd15", small=True))
 
 
 @pytest.fixture(scope="session")
 def sdxl_small() -> torch.nn.Module:
-    return build_unet("sdxl", small=True)
+    return shared(build_unet("sdxl", small=True))
 
 
 @pytest.fixture(scope="session")
 def ldm_small() -> torch.nn.Module:
-    return build_ldm_unet(small=True)
+    return shared(build_ldm_unet(small=True))
 
 
 def sd_inputs(unet: torch.nn.Module, h: int = 16, w: int = 16, batch: int = 2, seed: int = 0) -> dict:
@@ -87,6 +110,23 @@ def attn1_token_counts(model: torch.nn.Module) -> Iterator[list[int]]:
     ]
     try:
         yield counts
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def key_value_counts(model):
+    """(query tokens, key/value tokens) of every self-attention call, read at its to_q / to_k layers."""
+    seen: list[tuple[int, int]] = []
+    queries: list[int] = []
+    handles = []
+    for m in model.modules():
+        if type(m).__name__ == "BasicTransformerBlock":
+            handles.append(m.attn1.to_q.register_forward_hook(lambda mod, args, out: queries.append(args[0].shape[1])))
+            handles.append(m.attn1.to_k.register_forward_hook(lambda mod, args, out: seen.append((queries[-1], args[0].shape[1]))))
+    try:
+        yield seen
     finally:
         for h in handles:
             h.remove()

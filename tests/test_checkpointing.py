@@ -14,7 +14,7 @@ import torch
 import tokenmerge
 from tokenmerge.tools.architectures import build_unet
 
-from conftest import build_ldm_unet, ldm_inputs, sd_inputs
+from conftest import build_ldm_unet, ldm_inputs, sd_inputs, shared
 
 OPTIONS = [
     dict(ratio=0.5),
@@ -41,7 +41,7 @@ def _assert_same_grads(a: dict, b: dict) -> None:
 
 @pytest.fixture(scope="module")
 def unet():
-    model = build_unet("sd15", small=True)
+    model = shared(build_unet("sd15", small=True))
     model.train()
     return model
 
@@ -70,7 +70,7 @@ def test_diffusers_gradient_checkpointing_gives_the_gradients_of_no_checkpointin
 
 @pytest.fixture(scope="module")
 def ldm_unet():
-    model = build_ldm_unet(small=True)
+    model = shared(build_ldm_unet(small=True))
     model.train()
     return model
 

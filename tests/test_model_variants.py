@@ -247,13 +247,7 @@ def test_controlnet_pipeline_patches_the_unet_and_every_controlnet(controlnet_pi
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         tokenmerge.apply_patch(pipe)
-        patched = [
-            type(m).__name__
-            for c in pipe.components.values()
-            if isinstance(c, torch.nn.Module)
-            for m in c.modules()
-            if hasattr(m, "_tokenmerge_state")
-        ]
+        patched = [d.name for d in tokenmerge.describe(pipe).denoisers]
         tokenmerge.remove_patch(pipe)
         assert sorted(patched) == ["ControlNetModel", "ControlNetModel", "UNet2DConditionModel"]
         counts_by_model = {}

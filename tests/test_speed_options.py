@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_todo import key_value_counts
 
 import tokenmerge
 import tokenmerge.hooks.calls
@@ -12,7 +11,7 @@ from tokenmerge.integrations.comfyui import patch_model
 from tokenmerge.planning import auto_kv_factor
 from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
 
-from conftest import max_rel_diff, sd_inputs
+from conftest import key_value_counts, max_rel_diff, sd_inputs
 
 
 @pytest.mark.parametrize(("tokens", "factor"), [(64, 1), (1024, 1), (1025, 2), (4096, 3), (9216, 5), (16384, 6), (65536, 12)])

@@ -12,24 +12,7 @@ from tokenmerge.algorithms import downsample_tokens
 from tokenmerge.integrations.comfyui import TokenMergeNode
 from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
 
-from conftest import ldm_inputs, sd_inputs
-
-
-@contextlib.contextmanager
-def key_value_counts(model):
-    """(query tokens, key/value tokens) of every self-attention call, read at its to_q / to_k layers."""
-    seen: list[tuple[int, int]] = []
-    queries: list[int] = []
-    handles = []
-    for m in model.modules():
-        if type(m).__name__ == "BasicTransformerBlock":
-            handles.append(m.attn1.to_q.register_forward_hook(lambda mod, args, out: queries.append(args[0].shape[1])))
-            handles.append(m.attn1.to_k.register_forward_hook(lambda mod, args, out: seen.append((queries[-1], args[0].shape[1]))))
-    try:
-        yield seen
-    finally:
-        for h in handles:
-            h.remove()
+from conftest import key_value_counts, ldm_inputs, sd_inputs
 
 
 def test_diffusers_unet_downsamples_keys_and_values(sd15_small):

@@ -16,13 +16,15 @@ import tokenmerge
 from tokenmerge.algorithms import nearest_indices
 from tokenmerge.tools.architectures import build_model, transformer_inputs
 
+from conftest import shared
+
 MODELS = ("sd3", "sd35", "flux", "pixart")
 TEXT = 5
 
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, torch.nn.Module]:
-    return {name: build_model(name, small=True) for name in MODELS}
+    return {name: shared(build_model(name, small=True)) for name in MODELS}
 
 
 def _inputs(name: str, model: torch.nn.Module, latent: tuple[int, int] = (18, 14), batch: int = 2, seed: int = 0) -> dict:

@@ -11,31 +11,34 @@ import torch
 
 from .adapters import discover, roots_of
 from .config import DEFAULTS, TOMESD_PARAMETERS, TokenMergeConfig, check_option_names
-from .hooks import PatchState, install, states_in, uninstall
+from .hooks import PatchState, install, states_in, states_of, uninstall
 
 
 def _patched_states(model: Any) -> list[tuple[torch.nn.Module, PatchState]]:
     return states_in(roots_of(model))
 
 
-def _remove_tomesd(model: Any) -> bool:
+def _remove_tomesd(modules: list[torch.nn.Module]) -> bool:
     """Undo a tomesd patch (its block classes, hooks, and the ``_tome_info`` attributes that tomesd's own
-    ``remove_patch`` leaves behind); True if a patch was active."""
+    ``remove_patch`` leaves behind) among ``modules``; True if a patch was active."""
     found = False
-    for root in roots_of(model):
-        for module in root.modules():
-            info = vars(module).get("_tome_info")
-            if isinstance(info, dict):
-                hooks = info.get("hooks", [])
-                found = found or bool(hooks)
-                for hook in hooks:
-                    hook.remove()
-                hooks.clear()
-                del module._tome_info
-            if type(module).__name__ == "ToMeBlock" and isinstance(getattr(type(module), "_parent", None), type):
-                found = True
-                module.__class__ = type(module)._parent  # tomesd's generated subclass keeps the original as _parent
+    for module in modules:
+        info = vars(module).get("_tome_info")
+        if isinstance(info, dict):
+            hooks = info.get("hooks", [])
+            found = found or bool(hooks)
+            for hook in hooks:
+                hook.remove()
+            hooks.clear()
+            del module._tome_info
+        if type(module).__name__ == "ToMeBlock" and isinstance(getattr(type(module), "_parent", None), type):
+            found = True
+            module.__class__ = type(module)._parent  # tomesd's generated subclass keeps the original as _parent
     return found
+
+
+def _all_modules(model: Any) -> list[torch.nn.Module]:
+    return [m for root in roots_of(model) for m in root.modules()]
 
 
 def _warn_if_ineffective(states: list[PatchState], config: TokenMergeConfig) -> None:
@@ -103,9 +106,10 @@ def apply_patch(
         config = TokenMergeConfig(**given, **options)
     found = discover(model)
     _check_for_layouts(config, found.layouts)
-    if _remove_tomesd(model):
+    if _remove_tomesd(found.modules):
         warnings.warn("tokenmerge: this model was patched by tomesd; that patch is removed and replaced", stacklevel=2)
-    remove_patch(model)
+    for root, patch in states_of(found.modules):
+        uninstall(root, patch)
     states = [install(layout, config) for layout in found.layouts]
     _warn_if_ineffective(states, config)
     if found.compiled:
@@ -121,9 +125,10 @@ def apply_patch(
 def remove_patch(model: Any) -> Any:
     """Undo :func:`apply_patch` (and a tomesd patch): every hook, wrapper and attribute it added is removed.
     Returns what tomesd's ``remove_patch`` returns (a pipeline's ``unet``, else ``model``)."""
-    for root, patch in _patched_states(model):
+    modules = _all_modules(model)
+    for root, patch in states_of(modules):
         uninstall(root, patch)
-    _remove_tomesd(model)
+    _remove_tomesd(modules)
     unet = getattr(model, "unet", None)
     return model if unet is None else unet
 

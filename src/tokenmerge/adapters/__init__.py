@@ -48,10 +48,12 @@ def roots_of(model: object) -> list[torch.nn.Module]:
 
 @dataclass
 class Discovery:
-    """What one walk over a model found: its denoisers, and the torch.compile wrappers inside it."""
+    """What one walk over a model found: its denoisers, the torch.compile wrappers inside it, and every module
+    (so that patching acts on this walk's result instead of walking the model again)."""
 
     layouts: list[DenoiserLayout]
     compiled: list[str]
+    modules: list[torch.nn.Module]
 
 
 def discover(model: object) -> Discovery:
@@ -62,8 +64,10 @@ def discover(model: object) -> Discovery:
     layouts: list[DenoiserLayout] = []
     claimed: set[int] = set()
     compiled: list[str] = []
+    modules: list[torch.nn.Module] = []
     for root in roots:
         for name, module in root.named_modules():
+            modules.append(module)
             if type(module).__name__ == "OptimizedModule":
                 compiled.append(name or type(module).__name__)
             if id(module) in claimed:
@@ -80,4 +84,4 @@ def discover(model: object) -> Discovery:
             f"of UNets (diffusers Transformer2DModel / TransformerSpatioTemporalModel, ldm/sgm SpatialTransformer) and the "
             f"SD3, Flux, PixArt and DiT transformers; tokenmerge accepts {ACCEPTED}"
         )
-    return Discovery(layouts, compiled)
+    return Discovery(layouts, compiled, modules)

@@ -7,7 +7,7 @@
 - ``install``: attach all of them from an adapter's layout, and remove them.
 """
 
-from .install import STATE_ATTR, install, states_in, uninstall
+from .install import STATE_ATTR, install, states_in, states_of, uninstall
 from .state import PatchState
 
-__all__ = ["STATE_ATTR", "PatchState", "install", "states_in", "uninstall"]
+__all__ = ["STATE_ATTR", "PatchState", "install", "states_in", "states_of", "uninstall"]

@@ -73,4 +73,9 @@ def uninstall(root: torch.nn.Module, patch: PatchState) -> None:
 
 def states_in(roots: list[torch.nn.Module]) -> list[tuple[torch.nn.Module, PatchState]]:
     """Every patched denoiser under ``roots`` with its state."""
-    return [(m, s) for root in roots for m in root.modules() if isinstance(s := vars(m).get(STATE_ATTR), PatchState)]
+    return states_of([m for root in roots for m in root.modules()])
+
+
+def states_of(modules: list[torch.nn.Module]) -> list[tuple[torch.nn.Module, PatchState]]:
+    """The patched denoisers among ``modules`` with their states."""
+    return [(m, s) for m in modules if isinstance(s := vars(m).get(STATE_ATTR), PatchState)]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import DEFAULTS
 from .architectures import TRANSFORMERS, UNETS
 from .progress import progress_bar
 
@@ -108,23 +109,28 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from .reference.card import finish
     from .reference.train import TrainConfig, train
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    defaults = TrainConfig()
-    config = TrainConfig(
-        kind=args.kind,
-        out=args.out or f"runs/{args.kind}",
-        hours=args.hours,
-        steps=args.steps or defaults.steps,
-        batch=args.batch,
-        lr=args.lr,
-        seed=args.seed,
-        structure_every=args.structure_every,
-        max_images=args.max_images,
-    )
-    train(config, log=lambda *a, **k: print(*a, **k, file=sys.stderr))
+    log = lambda *a, **k: print(*a, **k, file=sys.stderr)  # noqa: E731
+    out = args.out or f"runs/{args.kind}"
+    if not args.finish_only:
+        config = TrainConfig(
+            kind=args.kind,
+            out=out,
+            hours=args.hours,
+            steps=args.steps or TrainConfig().steps,
+            batch=args.batch,
+            lr=args.lr,
+            seed=args.seed,
+            structure_every=args.structure_every,
+            max_images=args.max_images,
+        )
+        train(config, log=log)
+    if args.finish:
+        finish(Path(out), log=log)
     return 0
 
 
@@ -171,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="UNets: time whole sampling loops of N DDIM steps (CFG) instead of one forward; variants may then add "
         "accelerators: auto+deepcache, tome:0.5+freeu, deepcache, ... (default 0: one forward)",
     )
-    bench.add_argument("--ratio", type=float, default=0.5, help="ratio of the default tomesd/tome rows and of --comfyui")
+    bench.add_argument("--ratio", type=float, default=DEFAULTS.ratio, help="ratio of the default tomesd/tome rows and of --comfyui")
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     bench.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     bench.add_argument("--compile", action="store_true", help="torch.compile each variant (a patched copy each; tomesd does not trace)")
@@ -240,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.add_argument("--max-images", type=int, default=d.max_images, help="only the first N photographs (smoke tests)")
     tr.add_argument("--threads", type=int, default=0)
+    tr.add_argument("--no-finish", dest="finish", action="store_false", help="skip the final measurements, sample grid and model card")
+    tr.add_argument("--finish-only", action="store_true", help="only measure the run's weights and write its model card")
     tr.set_defaults(func=_train)
     return parser
 

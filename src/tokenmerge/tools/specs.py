@@ -17,7 +17,7 @@ from typing import Any
 from .. import apply_patch, remove_patch
 from ..config import OPTION_NAMES, TokenMergeConfig
 
-METHODS = ("tome", "todo", "auto", "tomesd", "none")
+SPEC_METHODS = ("tome", "todo", "auto", "tomesd")  # "none": accelerators alone
 ACCELERATORS = ("deepcache", "freeu", "slicing")
 _FORMAT = "tome:0.5, todo:2, auto or tomesd:0.5, optionally followed by ,option=value and +deepcache / +freeu / +slicing"
 
@@ -62,7 +62,7 @@ class PatchSpec:
     def _parse_patch(cls, text: str, spec: str) -> PatchSpec:
         head, *extras = text.split(",")
         method, _, value = head.partition(":")
-        if method not in METHODS[:4] or (method == "auto") != (value == ""):
+        if method not in SPEC_METHODS or (method == "auto") != (value == ""):
             raise ValueError(f"configuration must look like {_FORMAT}; got {spec!r}")
         options: dict[str, Any] = {}
         for extra in extras:
