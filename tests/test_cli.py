@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -76,7 +78,8 @@ def test_bench_whole_sampling_loops_with_accelerators(tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["bench", "--small", "--steps", "3", "--sizes", "128", "--repeats", "0", "--json", str(out)]
     assert main([*argv, "--variants", "deepcache", "auto+deepcache", "tome:0.5+freeu", "tome:0.5+slicing"]) == 0
-    assert "whole sampling loops of 3 DDIM steps" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "whole sampling loops of 3 DDIM steps" in table and "median s/run" in table
     rows = json.loads(out.read_text())["rows"]
     names = ["vanilla", "DeepCache", "tokenmerge auto + DeepCache", "tokenmerge r=0.5 + FreeU", "tokenmerge r=0.5 + attention slicing"]
     assert [r["variant"] for r in rows] == names
@@ -94,3 +97,14 @@ def test_bad_accelerator_specs(spec, error):
 def test_accelerators_need_whole_sampling_loops(capsys):
     with pytest.raises(SystemExit, match="add --steps N"):
         main(["bench", "--small", "--variants", "auto+deepcache"])
+
+
+@pytest.mark.parametrize("attention", ["default", "pytorch"])
+def test_bench_comfyui_reports_the_attention_share_only_where_it_times_attention(attention):
+    # ComfyUI's default CPU attention (sub-quadratic) does not go through SDPA: no share can be measured there.
+    # A subprocess each: ComfyUI chooses its attention backend once per process, at import.
+    argv = ["bench", "--comfyui", "--comfy-attention", attention, "--small", "--sizes", "128", "--repeats", "0"]
+    code = f"from tokenmerge.tools.cli import main; raise SystemExit(main({argv!r}))"
+    table = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "tokenmerge node r=0.5" in table and "ComfyUI TomePatchModel" in table
+    assert ("image attention:" in table) == (attention == "pytorch")

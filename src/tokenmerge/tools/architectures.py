@@ -114,15 +114,6 @@ _SMALL.update(
             "caption_projection_dim": 16,
             "pooled_projection_dim": 8,
         },
-        "sd35": {
-            "num_layers": 2,
-            "attention_head_dim": 8,
-            "num_attention_heads": 2,
-            "joint_attention_dim": 16,
-            "caption_projection_dim": 16,
-            "pooled_projection_dim": 8,
-            "dual_attention_layers": (0,),
-        },
         "flux": {
             "num_layers": 1,
             "num_single_layers": 2,
@@ -135,6 +126,7 @@ _SMALL.update(
         "pixart": {"num_layers": 2, "attention_head_dim": 8, "num_attention_heads": 2, "cross_attention_dim": 16, "caption_channels": 16},
     }
 )
+_SMALL["sd35"] = {**_SMALL["sd3"], "dual_attention_layers": (0,)}
 UNETS = ("sd15", "sd21", "sdxl")
 TRANSFORMERS = ("sd3", "sd35", "flux", "pixart")
 CONFIGS: dict[str, dict[str, Any]] = {

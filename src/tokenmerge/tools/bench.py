@@ -70,12 +70,14 @@ class Variant:
 
 class AttentionTimer(TorchFunctionMode):
     """Adds up the wall time of scaled_dot_product_attention calls over image tokens (queries and keys of
-    one length: self-attention, or joint image+text attention); cross-attention to text is not counted."""
+    one length: self-attention, or joint image+text attention); cross-attention to text is not counted.
+    Attention computed by other kernels (ComfyUI's sub-quadratic attention) is not seen: ``calls`` stays 0."""
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()
         self.device = device
         self.seconds = 0.0
+        self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -92,6 +94,7 @@ class AttentionTimer(TorchFunctionMode):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.seconds += time.perf_counter() - t0
+        self.calls += 1
         return out
 
 
@@ -218,7 +221,7 @@ def time_variants(
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     elapsed = time.perf_counter() - t0
-                if timer is not None:
+                if timer is not None and timer.calls:
                     attention_share = timer.seconds / elapsed
                 if rep == 0:
                     outputs[variant.name] = out.float().cpu()
@@ -391,7 +394,8 @@ def run_comfy_bench(
     return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in sizes_px}, repeats, log=log)
 
 
-def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu") -> str:
+def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu", timed: str = "forward") -> str:
+    """The rows as markdown tables, one per size; ``timed``: what one timing covers (a forward, a sampling run)."""
     where = f"{torch.get_num_threads()} threads" if device == "cpu" else device
     width = max([24, *(len(r.variant) for r in rows)])
     lines = []
@@ -403,7 +407,7 @@ def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu") -
                 f"image attention: {vanilla.attention_share:.0%} of vanilla's time; ceiling of attention-only speed-ups {vanilla.ceiling:.2f}x"
             )
         lines.append(
-            f"| {'variant':<{width}} | {'median s/forward':>16} | {'min-max s':>15} | {'speed-up':>8} | {'peak MiB':>8} | {'cosine':>8} | {'rel. L2':>8} |"
+            f"| {'variant':<{width}} | {'median s/' + timed:>16} | {'min-max s':>15} | {'speed-up':>8} | {'peak MiB':>8} | {'cosine':>8} | {'rel. L2':>8} |"
         )
         lines.append(f"|{'-' * (width + 2)}|{'-' * 18}|{'-' * 17}|{'-' * 10}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
         for r in (r for r in rows if r.size_px == size):

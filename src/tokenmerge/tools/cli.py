@@ -52,7 +52,7 @@ def _bench(args: argparse.Namespace) -> int:
         label = f"{describe_model(args.model, args.small, args.blocks)}, {args.dtype}{', compiled' if args.compile else ''}"
         if args.steps:
             label += f", whole sampling loops of {args.steps} DDIM steps (CFG)"
-    print(format_table(rows, label, args.batch, args.device))
+    print(format_table(rows, label, args.batch, args.device, timed="run" if args.steps else "forward"))
     meta = dict(
         model=label, batch=args.batch, threads=torch.get_num_threads(), torch=torch.__version__, device=args.device, argv=sys.argv[1:]
     )
@@ -142,6 +142,8 @@ def _positive_size(value: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .reference.models import DEFAULT_KIND, KINDS
+
     parser = argparse.ArgumentParser(prog="tokenmerge", description="Token Merging for Stable Diffusion.")
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser(
@@ -207,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--model",
-        help="a shipped reference model (unet, sd3, flux, unet-v1), a reference .safetensors file or a diffusers pipeline folder (default: unet)",
+        help=f"a shipped reference model ({', '.join(KINDS)}), a reference .safetensors file or a diffusers pipeline folder "
+        f"(default: {DEFAULT_KIND})",
     )
     ev.add_argument(
         "--configs",
@@ -215,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help="e.g. tome:0.5 tomesd:0.5 todo:2 auto 'tome:0.5,share_plan=true' (default: tome:0.25 tome:0.5 tome:0.75 tomesd:0.5 todo:2 auto)",
     )
-    ev.add_argument("--seeds", type=int, default=2, help="number of seeds (one image each); the README's table uses 4")
+    ev.add_argument("--seeds", type=int, default=2, help="number of seeds (one image each); the README's tables use 8")
     ev.add_argument("--steps", type=int, default=20, help="DDIM steps")
     ev.add_argument("--size", type=int, default=64, help="image size in px (the reference model works in pixel space)")
     ev.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale")
@@ -225,7 +228,6 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-structure", dest="structure", action="store_false", help="skip the attention-structure table (entropy, distance)")
     ev.set_defaults(func=_eval)
 
-    from .reference.models import KINDS
     from .reference.train import TrainConfig
 
     d = TrainConfig()

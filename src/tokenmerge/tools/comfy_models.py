@@ -67,19 +67,21 @@ CONFIGS = {"sd15": _SD15, "sd15-small": _SD15_SMALL, "sdxl-small": _SDXL_SMALL}
 ATTENTION_FLAGS = {"default": [], "pytorch": ["--use-pytorch-cross-attention"], "sub-quadratic": ["--use-quad-cross-attention"]}
 
 
-def import_comfy(attention: str = "default") -> Any:
+def import_comfy(attention: str | None = None) -> Any:
     """Import ComfyUI's package with its argument parsing on, ``--cpu``, and the attention backend's flag.
 
-    ComfyUI picks its attention function once, at import: a second call with another backend raises."""
-    if attention not in ATTENTION_FLAGS:
+    ComfyUI picks its attention function once, at import: ``None`` takes the backend already chosen (``default``
+    on first import); a second call naming another backend raises."""
+    if attention is not None and attention not in ATTENTION_FLAGS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_FLAGS)}, got {attention!r}")
     if "comfy.model_management" in sys.modules:
         chosen = getattr(import_comfy, "attention", "default")
-        if attention != chosen:
+        if attention not in (None, chosen):
             raise RuntimeError(f"ComfyUI was already imported with attention={chosen!r}; its backend is chosen once per process")
         import comfy
 
         return comfy
+    attention = attention or "default"
     import_comfy.attention = attention  # type: ignore[attr-defined]
     checkout = os.environ.get("COMFYUI_PATH")
     if checkout and checkout not in sys.path:

@@ -129,15 +129,12 @@ class PipelineSampler:
 
 
 def make_sampler(model: str | None, size: int, steps: int, guidance: float) -> ReferenceSampler | PipelineSampler:
-    """``model``: None (the shipped UNet reference model), a shipped kind (``unet``, ``sd3``, ``flux``, ``unet-v1``),
-    a reference ``.safetensors`` file, or a diffusers pipeline folder."""
-    from .reference.models import KINDS, shipped
+    """``model``: None (the default shipped reference model, ``DEFAULT_KIND``), a shipped kind (``unet``, ``sd3``,
+    ``flux``, ``unet-v1``), a reference ``.safetensors`` file, or a diffusers pipeline folder."""
+    from .reference.models import DEFAULT_KIND, KINDS, shipped
 
     if model is None or model in KINDS:
-        path = shipped(model or "unet")
-        if model is None and not path.exists():
-            path = shipped("unet-v1")
-        return ReferenceSampler(path, size, steps, guidance)
+        return ReferenceSampler(shipped(model or DEFAULT_KIND), size, steps, guidance)
     if str(model).endswith(".safetensors"):
         return ReferenceSampler(model, size, steps, guidance)
     if Path(model).is_dir():

@@ -2,7 +2,8 @@
 
 ``finish(run)`` measures what the card reports — the attention structure of the trained model and of its
 randomly initialised twin on noised held-out photographs, a sample grid, and how many samples look like
-their class — and writes ``MODEL_CARD.md`` (and ``samples.png``) beside the weights.
+their class — and writes the card, the samples and the measurements beside the weights, named after them
+(``reference-unet.md``, ``reference-unet.png``, ``reference-unet.json``), so that the four files ship together.
 """
 
 from __future__ import annotations
@@ -46,14 +47,14 @@ def measure(weights: Path, per_class: int = 2, steps: int = 20) -> dict:
     labels = torch.arange(model.num_classes).repeat_interleave(per_class)
     noise = torch.randn(len(labels), 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
     images = torch.cat([sample(model, labels[i : i + 8], noise[i : i + 8], steps=steps) for i in range(0, len(labels), 8)])
-    save_grid(images, weights.parent / "samples.png", columns=2 * per_class * 2)
+    save_grid(images, weights.with_suffix(".png"), columns=2 * per_class * 2)
     as_arrays = [((im.permute(1, 2, 0).numpy() + 1) / 2).astype(np.float64) for im in images]
     accuracy = nearest_class_accuracy(as_arrays, labels.tolist(), model.class_names)
     return {"structure": structure, "nearest_class_accuracy": accuracy, "samples": len(labels), "sample_steps": steps}
 
 
 def write_card(weights: Path, log: dict, measured: dict) -> Path:
-    """MODEL_CARD.md beside ``weights`` from the run's log (training.json) and :func:`measure`'s results."""
+    """The model card beside ``weights`` from the run's log (training.json) and :func:`measure`'s results."""
     config = log["config"]
     kind = config["kind"]
     params = sum(p.numel() for p in ReferenceModel(kind, len(log["photos"])).parameters())
@@ -114,7 +115,7 @@ During training (EMA weights, t = 500):
 
 ## Samples
 
-`samples.png`: {measured["samples"] // len(log["photos"])} samples per photograph class (rows of classes in order), {measured["sample_steps"]} DDIM steps, CFG 3.
+`{weights.with_suffix(".png").name}`: {measured["samples"] // len(log["photos"])} samples per photograph class (rows of classes in order), {measured["sample_steps"]} DDIM steps, CFG 3.
 Nearest-class check: {measured["nearest_class_accuracy"]:.0%} of the samples have their nearest training crop (L2 at 16x16 over
 random crops of every training photograph) in the photograph they were conditioned on (chance: {1 / len(log["photos"]):.0%}).
 
@@ -124,9 +125,9 @@ random crops of every training photograph) in the photograph they were condition
 |---|---|---|
 {loss_rows}
 """
-    path = weights.parent / "MODEL_CARD.md"
+    path = weights.with_suffix(".md")
     path.write_text(text)
-    (weights.parent / "measured.json").write_text(json.dumps(measured, indent=1))
+    weights.with_suffix(".json").write_text(json.dumps(measured, indent=1))
     return path
 
 
