@@ -36,6 +36,18 @@ def test_training_writes_weights_log_and_resumes(tiny_reference):
     assert [s["step"] for s in log["structure"]] == [2] and 0 < log["structure"][0]["entropy"] <= 1
 
 
+def test_a_resumed_run_logs_the_mean_of_the_steps_it_ran(tmp_path):
+    # Stopped at step 1 of a 2-step logging window and resumed: the loss logged at step 2 is step 2's own
+    # loss (the mean of the one step summed since the resume), not that loss halved.
+    config = dict(kind="unet", batch=2, structure_every=0, max_images=2)
+    train(TrainConfig(**config, out=str(tmp_path / "every"), steps=2, log_every=1), log=lambda *a, **k: None)
+    train(TrainConfig(**config, out=str(tmp_path / "resumed"), steps=1, log_every=2), log=lambda *a, **k: None)
+    train(TrainConfig(**config, out=str(tmp_path / "resumed"), steps=2, log_every=2), log=lambda *a, **k: None)
+    every = json.loads((tmp_path / "every" / "training.json").read_text())["losses"]
+    resumed = json.loads((tmp_path / "resumed" / "training.json").read_text())["losses"]
+    assert [s for s, *_ in resumed] == [2] and resumed[0][1] == pytest.approx(every[1][1], rel=1e-5)
+
+
 def test_model_card_is_generated_from_the_run(tiny_reference):
     from tokenmerge.tools.reference.card import finish
 

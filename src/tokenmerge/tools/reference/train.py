@@ -123,7 +123,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     deadline = time.monotonic() + cfg.hours * 3600
     next_checkpoint = time.monotonic() + cfg.checkpoint_minutes * 60
-    running, started_step = 0.0, log_data["step"]
+    running, counted, started_step = 0.0, 0, log_data["step"]  # counted: steps in `running` (fewer after a resume)
     try:
         while log_data["step"] < cfg.steps and time.monotonic() < deadline and not stop["now"]:
             step = log_data["step"]
@@ -145,12 +145,12 @@ def train(cfg: TrainConfig, log=print) -> Path:
                 for pe, pm in zip(ema.parameters(), model.parameters()):
                     pe.lerp_(pm, 1 - decay)
             log_data["step"] = step = step + 1
-            running += loss.item()
+            running, counted = running + loss.item(), counted + 1
             if step % cfg.log_every == 0:
                 elapsed = log_data["seconds"] + time.monotonic() - save.since
-                log_data["losses"].append([step, running / cfg.log_every, round(elapsed)])
-                log(f"step {step}  loss {running / cfg.log_every:.4f}  {elapsed / 60:.1f} min", flush=True)
-                running = 0.0
+                log_data["losses"].append([step, running / counted, round(elapsed)])
+                log(f"step {step}  loss {running / counted:.4f}  {elapsed / 60:.1f} min", flush=True)
+                running, counted = 0.0, 0
             if held_out is not None and step % cfg.structure_every == 0:
                 ema.eval()
                 curve = structure_of(ema, held_out, (500,))
