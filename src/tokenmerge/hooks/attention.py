@@ -13,7 +13,6 @@ Two routes to the same keys and values (see :mod:`tokenmerge.algorithms.downsamp
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -22,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..algorithms import downsample_keys, downsample_mask_columns, downsample_tokens
 from .calls import first_tensor
-from .state import PatchState
+from .state import BlockWarnings, PatchState
 
 _SDPA = F.scaled_dot_product_attention
 _SDPA_NAMES = ("query", "key", "value", "attn_mask")
@@ -82,7 +81,7 @@ class DownsampleKeysValues:
         self.patch = patch
         self.block = block
         self.site = site
-        self.warned = False
+        self.warnings = BlockWarnings(block)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         call = self.patch.current()
@@ -96,7 +95,7 @@ class DownsampleKeysValues:
             if kwargs.get(site.context_kwarg) is not None:  # this attention attends to a context already
                 return None
             if site.mask_kwarg is not None and kwargs.get(site.mask_kwarg) is not None:
-                self._warn_once("an attention mask over the tokens is set; its keys and values are not downsampled")
+                self.warnings.warn_once("an attention mask over the tokens is set; its keys and values are not downsampled")
                 return None
             if not projections_fused(module):
                 kv = downsample_tokens(first_tensor(args, kwargs), h, w, factor, interpolation)
@@ -106,33 +105,26 @@ class DownsampleKeysValues:
         self.patch.open_mode(module, mode)
         return None
 
-    def _warn_once(self, message: str) -> None:
-        if not self.warned:
-            self.warned = True
-            warnings.warn(f"tokenmerge: transformer block {self.block}: {message}", stacklevel=4)
-
 
 class CloseKeyValueMode:
     """Forward hook (always called) on an attention: leave the SDPA mode its pre-hook entered."""
 
     def __init__(self, patch: PatchState, block: int) -> None:
         self.patch = patch
-        self.block = block
-        self.warned = False
+        self.warnings = BlockWarnings(block)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         mode = self.patch.close_mode(module)
         if mode is None:
             return
         mode.__exit__(None, None, None)
-        if (mode.reduced == 0 or mode.mask_skipped) and not self.warned and not torch.compiler.is_compiling():
-            self.warned = True
+        if (mode.reduced == 0 or mode.mask_skipped) and not torch.compiler.is_compiling():
             reason = (
                 "an attention mask is set and kv_interpolation is not nearest"
                 if mode.mask_skipped
                 else "it does not call torch's scaled_dot_product_attention (another attention backend?)"
             )
-            warnings.warn(f"tokenmerge: transformer block {self.block}: keys and values were not downsampled: {reason}", stacklevel=2)
+            self.warnings.warn_once(f"keys and values were not downsampled: {reason}", stacklevel=3)
 
 
 class DownsampleProjectionInput:

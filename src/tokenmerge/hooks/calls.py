@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 
 from ..algorithms import MergePlan
 from ..planning import IDLE, decide, plan_merge
-from .state import BlockCall, CallState, PatchState, in_backward
+from .state import BlockCall, BlockWarnings, CallState, PatchState, in_backward
 
 _INPUT_NAMES = ("hidden_states", "x", "sample")
 
@@ -106,7 +105,7 @@ class PlanBlock:
     def __init__(self, patch: PatchState, index: int) -> None:
         self.patch = patch
         self.index = index
-        self.warned = False
+        self.warnings = BlockWarnings(index)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         patch = self.patch
@@ -153,10 +152,10 @@ class PlanBlock:
         grid = call.grids.get(info.container)
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or grid is None:
             if not call.config.is_identity and call.config.merges_level(info.level, self.patch.layout.top_level):
-                self._warn_once("could not read its (batch, tokens, channels) input or its token grid; it runs unchanged")
+                self.warnings.warn_once("could not read its (batch, tokens, channels) input or its token grid; it runs unchanged")
             return IDLE
         if x.shape[1] != grid[0] * grid[1]:
-            self._warn_once(f"got {x.shape[1]} tokens for a {grid[0]}x{grid[1]} grid; it runs unchanged")
+            self.warnings.warn_once(f"got {x.shape[1]} tokens for a {grid[0]}x{grid[1]} grid; it runs unchanged")
             return IDLE
         return decide(
             call.config,
@@ -189,11 +188,6 @@ class PlanBlock:
             plan = MergePlan(*(t.clone() for t in (plan.keep_idx, plan.src_idx, plan.dst_slot, plan.counts, plan.unmerge_idx)))
             cache.plans[key] = (shape, cached[1], plan)
         return plan
-
-    def _warn_once(self, message: str) -> None:
-        if not self.warned:
-            self.warned = True
-            warnings.warn(f"tokenmerge: transformer block {self.index}: {message}", stacklevel=4)
 
 
 class EndBlock:

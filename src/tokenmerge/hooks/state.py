@@ -16,6 +16,7 @@ call by that input and replay its decisions; without a record a recompute raises
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -103,6 +104,19 @@ class BlockInfo:
     text: Any  # Argument of the text tokens (Flux single-stream blocks) or None
     plan_shared_by_batch: bool
     layout: Any  # adapters.BlockLayout
+
+
+class BlockWarnings:
+    """A transformer block's hook warns about one cause once per patch, not on every call."""
+
+    def __init__(self, block: int) -> None:
+        self.block = block
+        self.warned = False
+
+    def warn_once(self, message: str, stacklevel: int = 4) -> None:
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"tokenmerge: transformer block {self.block}: {message}", stacklevel=stacklevel)
 
 
 class PatchState:

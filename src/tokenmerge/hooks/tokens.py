@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 
 from ..algorithms import MergePlan
 from .calls import first_tensor, replace_first
-from .state import BlockCall, PatchState
+from .state import BlockCall, BlockWarnings, PatchState
 
 # diffusers hooks that may skip a module and return an output cached in an earlier call: such an output was
 # computed on the merged tokens of that call, and unmerging it with this call's plan would scramble it.
@@ -38,16 +37,11 @@ class _SpanHook:
         self.patch = patch
         self.block = block
         self.span = span
-        self.warned = False
+        self.warnings = BlockWarnings(block)
 
     def block_call(self) -> BlockCall | None:
         call = self.patch.current()
         return None if call is None else call.blocks.get(self.block)
-
-    def warn_once(self, message: str) -> None:
-        if not self.warned:
-            self.warned = True
-            warnings.warn(f"tokenmerge: transformer block {self.block}: {message}", stacklevel=4)
 
 
 def _merge(plan: MergePlan, x: torch.Tensor, text: int) -> torch.Tensor:
@@ -78,7 +72,9 @@ class EnterSpan(_SpanHook):
         """The plan matching ``x``: the whole plan, or its rows when feed-forward chunking splits the batch."""
         b, n = x.shape[0], x.shape[1] - text
         if n != plan.num_tokens:
-            self.warn_once(f"a sub-layer sees {n} of {plan.num_tokens} tokens (feed-forward chunking along the sequence); it runs unmerged")
+            self.warnings.warn_once(
+                f"a sub-layer sees {n} of {plan.num_tokens} tokens (feed-forward chunking along the sequence); it runs unmerged"
+            )
             return None
         if b == plan.batch_size or plan.batch_size == 1:
             return plan
@@ -103,7 +99,7 @@ class EnterSpan(_SpanHook):
         if plan is None:
             return None
         if self.mask_kwarg is not None and kwargs.get(self.mask_kwarg) is not None:
-            self.warn_once("an attention mask over the tokens is set; that sub-layer runs unmerged")
+            self.warnings.warn_once("an attention mask over the tokens is set; that sub-layer runs unmerged")
             return None
         merged = self._enter(first_tensor(args, kwargs), block, plan)
         return None if merged is None else replace_first(args, kwargs, merged)
