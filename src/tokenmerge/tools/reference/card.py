@@ -86,7 +86,7 @@ any reduction of keys looks lossless). Not a general image generator.
   (+ a null class for classifier-free guidance). Evaluated at the size it is trained at.
 - Training: {log["step"]} steps, batch {config["batch"]}, AdamW lr {config["lr"]} (warm-up {config["warmup"]} steps), condition dropout
   {config["cond_dropout"]}, EMA {config["ema"]}, cosine noise schedule (1000 steps, epsilon prediction), seed {config["seed"]},
-  {log["seconds"] / 3600:.1f} h of training time on this project's CPU machine, in several resumed runs
+  {log["seconds"] / 3600:.1f} h of wall time on this project's 2-core CPU machine (pauses for benchmarks included), in several resumed runs
   (`tokenmerge train-reference --kind {kind} --out DIR --seed {config["seed"]}` resumes `DIR/checkpoint.pt`).
 - Data: random crops (1/4 to all of the shorter side, horizontal flips) of {len(log["photos"])} colour photographs that ship inside
   PyPI wheels (`pip install --no-deps {" ".join(EXTRA_PACKAGES)}` adds those not in scikit-image, scikit-learn and matplotlib):
@@ -121,7 +121,7 @@ random crops of every training photograph) in the photograph they were condition
 
 ## Loss (mean MSE per {config["log_every"]} steps)
 
-| step | loss | training hours |
+| step | loss | wall hours |
 |---|---|---|
 {loss_rows}
 """
