@@ -53,6 +53,12 @@ def measure(weights: Path, per_class: int = 2, steps: int = 20) -> dict:
     return {"structure": structure, "nearest_class_accuracy": accuracy, "samples": len(labels), "sample_steps": steps}
 
 
+def _machines(log: dict) -> str:
+    """Where the run's invocations ran, as training.json recorded it (older logs did not)."""
+    machines = sorted({run["machine"] for run in log.get("runs", [])})
+    return "; ".join(machines) if machines else "machine not recorded"
+
+
 def write_card(weights: Path, log: dict, measured: dict) -> Path:
     """The model card beside ``weights`` from the run's log (training.json) and :func:`measure`'s results."""
     config = log["config"]
@@ -86,7 +92,7 @@ any reduction of keys looks lossless). Not a general image generator.
   (+ a null class for classifier-free guidance). Evaluated at the size it is trained at.
 - Training: {log["step"]} steps, batch {config["batch"]}, AdamW lr {config["lr"]} (warm-up {config["warmup"]} steps), condition dropout
   {config["cond_dropout"]}, EMA {config["ema"]}, cosine noise schedule (1000 steps, epsilon prediction), seed {config["seed"]},
-  {log["seconds"] / 3600:.1f} h of wall time on this project's 2-core CPU machine (pauses for benchmarks included), in several resumed runs
+  {log["seconds"] / 3600:.1f} h of wall time, pauses included ({_machines(log)}), in {len(log.get("runs", [])) or "one or more"} run(s)
   (`tokenmerge train-reference --kind {kind} --out DIR --seed {config["seed"]}` resumes `DIR/checkpoint.pt`).
 - Data: random crops (1/4 to all of the shorter side, horizontal flips) of {len(log["photos"])} colour photographs that ship inside
   PyPI wheels (`pip install --no-deps {" ".join(EXTRA_PACKAGES)}` adds those not in scikit-image, scikit-learn and matplotlib):

@@ -12,6 +12,8 @@ The run writes, into ``--out``: ``checkpoint.pt`` (model, EMA, optimiser, step, 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import signal
 import time
 from dataclasses import asdict, dataclass, field
@@ -93,6 +95,9 @@ def train(cfg: TrainConfig, log=print) -> Path:
         g.set_state(state["generator"])
         log_data = state["log"]
         log(f"resumed {checkpoint} at step {log_data['step']}")
+    # Where each invocation ran, for the card's wall-time figure (a resumed run may run elsewhere).
+    machine = f"{platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+    log_data.setdefault("runs", []).append({"from_step": log_data["step"], "machine": machine})
     params = sum(p.numel() for p in model.parameters())
     log(f"{cfg.kind} reference model: {params / 1e6:.2f} M parameters, {len(images)} photographs, {torch.get_num_threads()} threads")
     from diffusers import DDPMScheduler
