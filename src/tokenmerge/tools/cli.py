@@ -127,6 +127,8 @@ def _train(args: argparse.Namespace) -> int:
             seed=args.seed,
             structure_every=args.structure_every,
             max_images=args.max_images,
+            crop_scale=tuple(args.crop_scale),
+            ema=args.ema,
         )
         train(config, log=log)
     if args.finish:
@@ -246,6 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument(
         "--structure-every", type=int, default=d.structure_every, help="steps between held-out attention-structure measurements"
     )
+    tr.add_argument(
+        "--crop-scale",
+        type=float,
+        nargs=2,
+        default=d.crop_scale,
+        metavar=("MIN", "MAX"),
+        help="crop side as a fraction of the photograph's shorter side (default 0.25 1; 0.8 1 for a content phase)",
+    )
+    tr.add_argument("--ema", type=float, default=d.ema, help="EMA decay of the saved weights (0.99 for a short resumed phase)")
     tr.add_argument("--max-images", type=int, default=d.max_images, help="only the first N photographs (smoke tests)")
     tr.add_argument("--threads", type=int, default=0)
     tr.add_argument("--no-finish", dest="finish", action="store_false", help="skip the final measurements, sample grid and model card")

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .models import CONFIGS, IMAGE_SIZE, ReferenceModel, load_reference, sample
-from .photos import EXTRA_PACKAGES, HELD_OUT, TRAINING
+from .models import CONFIGS, IMAGE_SIZE, ReferenceModel, load_reference, sample, scheduler_config
+from .photos import EXTRA_PACKAGES, HELD_OUT, TRAINING, load_photo
 from .train import held_out_batch, structure_of
 
 STRUCTURE_TIMESTEPS = (100, 500, 900)
@@ -35,8 +35,36 @@ def save_grid(images: torch.Tensor, path: Path, columns: int) -> None:
     Image.fromarray(grid).save(path)
 
 
+@torch.no_grad()
+def layout_check(model: ReferenceModel, timestep: int = 900) -> dict:
+    """Has the model learned its photographs' layouts? Each training photograph (centre crop of the whole
+    shorter side) is noised to ``timestep`` and the clean image the model predicts under its own class is
+    compared with it (PSNR, mean over photographs), against the photograph's flat mean colour: a model that
+    knows only colours scores about the flat value; one that knows the scenes scores well above it."""
+    from diffusers import DDPMScheduler
+
+    photos = {p.name: p for p in TRAINING}
+    labels = [i for i, name in enumerate(model.class_names) if name in photos]
+    x0 = []
+    for i in labels:
+        image = load_photo(photos[model.class_names[i]], IMAGE_SIZE)
+        _, h, w = image.shape
+        top, left = (h - IMAGE_SIZE) // 2, (w - IMAGE_SIZE) // 2
+        x0.append(image[:, top : top + IMAGE_SIZE, left : left + IMAGE_SIZE])
+    x0 = torch.stack(x0)
+    alpha = DDPMScheduler(**scheduler_config()).alphas_cumprod[timestep]
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0))
+    xt = alpha.sqrt() * x0 + (1 - alpha).sqrt() * noise
+    predicted = ((xt - (1 - alpha).sqrt() * model(xt, torch.tensor(timestep), torch.tensor(labels))) / alpha.sqrt()).clamp(-1, 1)
+
+    def psnr(a: torch.Tensor) -> float:  # images in [-1, 1]: peak-to-peak 2
+        return float((10 * torch.log10(4 / ((a - x0) ** 2).flatten(1).mean(1))).mean())
+
+    return {"timestep": timestep, "psnr": psnr(predicted), "flat_psnr": psnr(x0.mean((2, 3), keepdim=True).expand_as(x0))}
+
+
 def measure(weights: Path, per_class: int = 2, steps: int = 20) -> dict:
-    """Structure (trained and random twin), samples and the nearest-class check of the model in ``weights``."""
+    """Structure (trained and random twin), samples, the nearest-class and layout checks of the model in ``weights``."""
     from ..evaluate import nearest_class_accuracy
 
     model = load_reference(weights)
@@ -50,13 +78,44 @@ def measure(weights: Path, per_class: int = 2, steps: int = 20) -> dict:
     save_grid(images, weights.with_suffix(".png"), columns=2 * per_class * 2)
     as_arrays = [((im.permute(1, 2, 0).numpy() + 1) / 2).astype(np.float64) for im in images]
     accuracy = nearest_class_accuracy(as_arrays, labels.tolist(), model.class_names)
-    return {"structure": structure, "nearest_class_accuracy": accuracy, "samples": len(labels), "sample_steps": steps}
+    layout = layout_check(model)
+    return {"structure": structure, "nearest_class_accuracy": accuracy, "layout": layout, "samples": len(labels), "sample_steps": steps}
 
 
 def _machines(log: dict) -> str:
     """Where the run's invocations ran, as training.json recorded it (older logs did not)."""
     machines = sorted({run["machine"] for run in log.get("runs", [])})
     return "; ".join(machines) if machines else "machine not recorded"
+
+
+def _run_count(log: dict) -> str:
+    """How many invocations trained the run, as far as training.json recorded them."""
+    runs = log.get("runs", [])
+    if not runs:
+        return "in one or more runs"
+    if runs[0]["from_step"] > 0:
+        return f"in {len(runs)} recorded run(s) from step {runs[0]['from_step']} on, after unrecorded ones"
+    return f"in {len(runs)} run(s)"
+
+
+def _phases(log: dict) -> str:
+    """The run's training phases: crop scale, lr and EMA of each stretch of steps (a resumed invocation may
+    change them; logs older than that record only the first configuration)."""
+    config = log["config"]
+    first = {"crop_scale": config.get("crop_scale", [0.25, 1.0]), "lr": config["lr"], "ema": config["ema"]}
+    runs = [{**first, **run} for run in log.get("runs", [])]
+    if not runs or runs[0]["from_step"] > 0:  # invocations before runs were recorded used the first configuration
+        runs.insert(0, {**first, "from_step": 0})
+    phases: list[dict] = []
+    for run in runs:
+        if phases and all(phases[-1][k] == run[k] for k in first):
+            continue
+        phases.append(run)
+    ends = [p["from_step"] for p in phases[1:]] + [log["step"]]
+    return "; ".join(
+        f"steps {p['from_step']}-{end}: crops {p['crop_scale'][0]:g}-{p['crop_scale'][1]:g} of the shorter side, lr {p['lr']:g}, EMA {p['ema']:g}"
+        for p, end in zip(phases, ends)
+    )
 
 
 def write_card(weights: Path, log: dict, measured: dict) -> Path:
@@ -90,11 +149,12 @@ any reduction of keys looks lossless). Not a general image generator.
   `tokenmerge.tools.reference.models.CONFIGS["{kind}"]` = `{json.dumps(CONFIGS[kind])}`; {params / 1e6:.2f} M parameters;
   3-channel pixel space, {IMAGE_SIZE}x{IMAGE_SIZE}; condition = which photograph an image comes from, as learned tokens
   (+ a null class for classifier-free guidance). Evaluated at the size it is trained at.
-- Training: {log["step"]} steps, batch {config["batch"]}, AdamW lr {config["lr"]} (warm-up {config["warmup"]} steps), condition dropout
-  {config["cond_dropout"]}, EMA {config["ema"]}, cosine noise schedule (1000 steps, epsilon prediction), seed {config["seed"]},
-  {log["seconds"] / 3600:.1f} h of wall time, pauses included ({_machines(log)}), in {len(log.get("runs", [])) or "one or more"} run(s)
+- Training: {log["step"]} steps, batch {config["batch"]}, AdamW (warm-up {config["warmup"]} steps), condition dropout
+  {config["cond_dropout"]}, cosine noise schedule (1000 steps, epsilon prediction), seed {config["seed"]},
+  {log["seconds"] / 3600:.1f} h of wall time, pauses included ({_machines(log)}), {_run_count(log)}
   (`tokenmerge train-reference --kind {kind} --out DIR --seed {config["seed"]}` resumes `DIR/checkpoint.pt`).
-- Data: random crops (1/4 to all of the shorter side, horizontal flips) of {len(log["photos"])} colour photographs that ship inside
+- Phases: {_phases(log)}.
+- Data: random crops (side a fraction of the shorter side, as in the phases; horizontal flips) of {len(log["photos"])} colour photographs that ship inside
   PyPI wheels (`pip install --no-deps {" ".join(EXTRA_PACKAGES)}` adds those not in scikit-image, scikit-learn and matplotlib):
 
 | photograph (package:file) | licence |
@@ -124,6 +184,8 @@ During training (EMA weights, t = 500):
 `{weights.with_suffix(".png").name}`: {measured["samples"] // len(log["photos"])} samples per photograph class (rows of classes in order), {measured["sample_steps"]} DDIM steps, CFG 3.
 Nearest-class check: {measured["nearest_class_accuracy"]:.0%} of the samples have their nearest training crop (L2 at 16x16 over
 random crops of every training photograph) in the photograph they were conditioned on (chance: {1 / len(log["photos"]):.0%}).
+Layout check: the clean image predicted from the training photographs noised to t = {measured["layout"]["timestep"]} (own class) is
+{measured["layout"]["psnr"]:.1f} dB PSNR from them, against {measured["layout"]["flat_psnr"]:.1f} dB for their flat mean colour (a model that knows the scenes scores well above that; one that knows only their colours, about the same).
 
 ## Loss (mean MSE per {config["log_every"]} steps)
 

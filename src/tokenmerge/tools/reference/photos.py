@@ -81,10 +81,15 @@ def load_photo(photo: Photo, short_side: int = 256) -> torch.Tensor:
 
 
 def random_crops(
-    images: list[torch.Tensor], batch: int, res: int, g: torch.Generator, labels: torch.Tensor | None = None
+    images: list[torch.Tensor],
+    batch: int,
+    res: int,
+    g: torch.Generator,
+    labels: torch.Tensor | None = None,
+    scale: tuple[float, float] = (0.25, 1.0),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``batch`` crops at ``res``×``res``: random photograph (unless ``labels``), scale (1/4 to all of the
-    shorter side), position and horizontal flip."""
+    """``batch`` crops at ``res``×``res``: random photograph (unless ``labels``), side (``scale`` of the
+    shorter side, uniform), position and horizontal flip."""
     import torch.nn.functional as F
 
     if labels is None:
@@ -93,7 +98,7 @@ def random_crops(
     for label in labels.tolist():
         image = images[label]
         _, h, w = image.shape
-        side = int(min(h, w) * (0.25 + 0.75 * torch.rand(1, generator=g).item()))
+        side = int(min(h, w) * (scale[0] + (scale[1] - scale[0]) * torch.rand(1, generator=g).item()))
         top = int(torch.randint(h - side + 1, (1,), generator=g))
         left = int(torch.randint(w - side + 1, (1,), generator=g))
         crop = F.interpolate(image[None, :, top : top + side, left : left + side], size=(res, res), mode="area")[0]

@@ -46,7 +46,17 @@ class TrainConfig:
     structure_every: int = 250  # steps between attention-structure measurements on held-out photos (0: never)
     max_images: int = 0  # use only the first N photographs (smoke tests)
     photo_side: int = 256
+    # Crop side as a fraction of the photograph's shorter side. The default mixes textures and whole scenes;
+    # a "content phase" resumed with (0.8, 1.0) teaches whole photographs, so samples show their content.
+    crop_scale: tuple[float, float] = (0.25, 1.0)
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        low, high = self.crop_scale
+        if not 0 < low <= high <= 1:
+            raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, got {self.crop_scale}")
+        if not 0 <= self.ema < 1:
+            raise ValueError(f"ema must be in [0, 1), got {self.ema}")
 
 
 def held_out_batch(res: int = IMAGE_SIZE, per_photo: int = 2, seed: int = 0) -> torch.Tensor:
@@ -97,7 +107,9 @@ def train(cfg: TrainConfig, log=print) -> Path:
         log(f"resumed {checkpoint} at step {log_data['step']}")
     # Where each invocation ran, for the card's wall-time figure (a resumed run may run elsewhere).
     machine = f"{platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
-    log_data.setdefault("runs", []).append({"from_step": log_data["step"], "machine": machine})
+    # What each invocation ran with, where a resumed run may differ from the first (the card lists the phases).
+    phase = {"crop_scale": list(cfg.crop_scale), "lr": cfg.lr, "ema": cfg.ema}
+    log_data.setdefault("runs", []).append({"from_step": log_data["step"], "machine": machine, **phase})
     params = sum(p.numel() for p in model.parameters())
     log(f"{cfg.kind} reference model: {params / 1e6:.2f} M parameters, {len(images)} photographs, {torch.get_num_threads()} threads")
     from diffusers import DDPMScheduler
@@ -132,7 +144,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     try:
         while log_data["step"] < cfg.steps and time.monotonic() < deadline and not stop["now"]:
             step = log_data["step"]
-            x0, labels = random_crops(images, cfg.batch, IMAGE_SIZE, g)
+            x0, labels = random_crops(images, cfg.batch, IMAGE_SIZE, g, scale=cfg.crop_scale)
             labels = torch.where(torch.rand(cfg.batch, generator=g) < cfg.cond_dropout, model.null_class, labels)
             t = torch.randint(0, len(alphas), (cfg.batch,), generator=g)
             noise = torch.randn(x0.shape, generator=g)
