@@ -21,7 +21,7 @@ from tokenmerge.tools.specs import PatchSpec
 @pytest.fixture(scope="module")
 def tiny_reference(tmp_path_factory) -> Path:
     """Runs the real training loop for two steps on two photographs (CI never trains for real), then resumes it
-    for a step of a content phase (whole-photograph crops, shorter EMA), as the shipped UNet was trained."""
+    for a step of a content phase (whole-photograph crops, shorter EMA), as `--crop-scale 0.8 1 --ema 0.99` does."""
     out = tmp_path_factory.mktemp("ref")
     config = TrainConfig(kind="unet", out=str(out), steps=2, batch=2, log_every=1, structure_every=2, max_images=2)
     train(config, log=lambda *a, **k: None)

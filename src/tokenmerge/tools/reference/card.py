@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .models import CONFIGS, IMAGE_SIZE, ReferenceModel, load_reference, sample, scheduler_config
-from .photos import EXTRA_PACKAGES, HELD_OUT, TRAINING, load_photo
+from .photos import DEFAULT_CROP_SCALE, EXTRA_PACKAGES, HELD_OUT, TRAINING, load_photo
 from .train import held_out_batch, structure_of
 
 STRUCTURE_TIMESTEPS = (100, 500, 900)
@@ -102,7 +102,7 @@ def _phases(log: dict) -> str:
     """The run's training phases: crop scale, lr and EMA of each stretch of steps (a resumed invocation may
     change them; logs older than that record only the first configuration)."""
     config = log["config"]
-    first = {"crop_scale": config.get("crop_scale", [0.25, 1.0]), "lr": config["lr"], "ema": config["ema"]}
+    first = {"crop_scale": config.get("crop_scale", list(DEFAULT_CROP_SCALE)), "lr": config["lr"], "ema": config["ema"]}
     runs = [{**first, **run} for run in log.get("runs", [])]
     if not runs or runs[0]["from_step"] > 0:  # invocations before runs were recorded used the first configuration
         runs.insert(0, {**first, "from_step": 0})

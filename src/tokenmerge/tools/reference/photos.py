@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# Crop side as a fraction of a photograph's shorter side: textures (1/4) to whole scenes (all of it).
+DEFAULT_CROP_SCALE = (0.25, 1.0)
 EXTRA_PACKAGES = ("sporco==0.2.2.post1", "plenoptic==2.1.1", "mahotas==1.4.19", "imgaug==0.4.0", "cartopy==0.26.0")
 
 
@@ -86,7 +88,7 @@ def random_crops(
     res: int,
     g: torch.Generator,
     labels: torch.Tensor | None = None,
-    scale: tuple[float, float] = (0.25, 1.0),
+    scale: tuple[float, float] = DEFAULT_CROP_SCALE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``batch`` crops at ``res``×``res``: random photograph (unless ``labels``), side (``scale`` of the
     shorter side, uniform), position and horizontal flip."""

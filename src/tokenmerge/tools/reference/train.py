@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .models import IMAGE_SIZE, ReferenceModel, save_reference, scheduler_config
-from .photos import HELD_OUT, TRAINING, load_photo, random_crops
+from .photos import DEFAULT_CROP_SCALE, HELD_OUT, TRAINING, load_photo, random_crops
 from .structure import measure
 
 STRUCTURE_TIMESTEPS = (100, 500, 900)
@@ -48,7 +48,7 @@ class TrainConfig:
     photo_side: int = 256
     # Crop side as a fraction of the photograph's shorter side. The default mixes textures and whole scenes;
     # a "content phase" resumed with (0.8, 1.0) teaches whole photographs, so samples show their content.
-    crop_scale: tuple[float, float] = (0.25, 1.0)
+    crop_scale: tuple[float, float] = DEFAULT_CROP_SCALE
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
