@@ -51,6 +51,33 @@ def test_a_resumed_run_logs_the_mean_of_the_steps_it_ran(tmp_path):
     assert [s for s, *_ in resumed] == [2] and resumed[0][1] == pytest.approx(every[1][1], rel=1e-5)
 
 
+def test_a_run_continues_from_saved_weights_and_the_log_in_their_metadata(tiny_reference, tmp_path):
+    # A fresh machine has only the saved weights: --init-from continues their run, history included.
+    assert json.loads(read_metadata(tiny_reference)["log"])["step"] == 3
+    config = TrainConfig(
+        kind="unet", out=str(tmp_path), steps=4, batch=2, log_every=1, structure_every=0, max_images=2, init_from=str(tiny_reference)
+    )
+    weights = train(config, log=lambda *a, **k: None)
+    log = json.loads((tmp_path / "training.json").read_text())
+    assert [step for step, *_ in log["losses"]] == [1, 2, 3, 4] and log["optimizer_from"] == 3
+    assert log["runs"][-1]["from_step"] == 3 and log["runs"][-1]["from_weights"] == tiny_reference.name
+    assert read_metadata(weights)["steps"] == "4"
+    from tokenmerge.tools.reference.card import _run_count
+
+    assert "at step 3 continued from the saved weights reference-unet.safetensors with a fresh optimiser" in _run_count(log)
+
+
+@pytest.mark.parametrize("kind", ["flux", "unet"])
+def test_init_from_rejects_weights_it_cannot_continue(tiny_reference, tmp_path, kind):
+    # flux: another kind than the file's; unet: the shipped v2 file, saved before logs were embedded.
+    source = tiny_reference if kind == "flux" else shipped("unet")
+    config = TrainConfig(
+        kind=kind, out=str(tmp_path), steps=1, batch=2, structure_every=0, max_images=2 if kind == "flux" else 0, init_from=str(source)
+    )
+    with pytest.raises(ValueError, match="--init-from"):
+        train(config, log=lambda *a, **k: None)
+
+
 def test_model_card_is_generated_from_the_run(tiny_reference):
     from tokenmerge.tools.reference.card import finish
 

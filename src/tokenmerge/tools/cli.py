@@ -129,6 +129,7 @@ def _train(args: argparse.Namespace) -> int:
             max_images=args.max_images,
             crop_scale=tuple(args.crop_scale),
             ema=args.ema,
+            init_from=args.init_from,
         )
         train(config, log=log)
     if args.finish:
@@ -257,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="crop side as a fraction of the photograph's shorter side (default 0.25 1; 0.8 1 for a content phase)",
     )
     tr.add_argument("--ema", type=float, default=d.ema, help="EMA decay of the saved weights (0.99 for a short resumed phase)")
+    tr.add_argument(
+        "--init-from",
+        metavar="SAFETENSORS",
+        default=d.init_from,
+        help="without a checkpoint in --out, continue from these saved reference weights and their training log (fresh optimiser)",
+    )
     tr.add_argument("--max-images", type=int, default=d.max_images, help="only the first N photographs (smoke tests)")
     tr.add_argument("--threads", type=int, default=0)
     tr.add_argument("--no-finish", dest="finish", action="store_false", help="skip the final measurements, sample grid and model card")

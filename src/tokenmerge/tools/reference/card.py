@@ -93,9 +93,14 @@ def _run_count(log: dict) -> str:
     runs = log.get("runs", [])
     if not runs:
         return "in one or more runs"
+    restarts = "".join(
+        f"; at step {run['from_step']} continued from the saved weights {run['from_weights']} with a fresh optimiser"
+        for run in runs
+        if "from_weights" in run
+    )
     if runs[0]["from_step"] > 0:
-        return f"in {len(runs)} recorded run(s) from step {runs[0]['from_step']} on, after unrecorded ones"
-    return f"in {len(runs)} run(s)"
+        return f"in {len(runs)} recorded run(s) from step {runs[0]['from_step']} on, after unrecorded ones{restarts}"
+    return f"in {len(runs)} run(s){restarts}"
 
 
 def _phases(log: dict) -> str:
@@ -152,7 +157,8 @@ any reduction of keys looks lossless). Not a general image generator.
 - Training: {log["step"]} steps, batch {config["batch"]}, AdamW (warm-up {config["warmup"]} steps), condition dropout
   {config["cond_dropout"]}, cosine noise schedule (1000 steps, epsilon prediction), seed {config["seed"]},
   {log["seconds"] / 3600:.1f} h of wall time, pauses included ({_machines(log)}), {_run_count(log)}
-  (`tokenmerge train-reference --kind {kind} --out DIR --seed {config["seed"]}` resumes `DIR/checkpoint.pt`).
+  (`tokenmerge train-reference --kind {kind} --out DIR --seed {config["seed"]}` resumes `DIR/checkpoint.pt`;
+  `--init-from {weights.name}` continues from these weights and the log in their metadata).
 - Phases: {_phases(log)}.
 - Data: random crops (side a fraction of the shorter side, as in the phases; horizontal flips) of {len(log["photos"])} colour photographs that ship inside
   PyPI wheels (`pip install --no-deps {" ".join(EXTRA_PACKAGES)}` adds those not in scikit-image, scikit-learn and matplotlib):

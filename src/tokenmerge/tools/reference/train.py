@@ -1,12 +1,15 @@
 """Train a reference model on random crops of the bundled photographs; checkpointed and resumable.
 
     tokenmerge train-reference --kind unet --out runs/unet --hours 6      # resumes runs/unet/checkpoint.pt if present
+    tokenmerge train-reference --kind flux --out runs/flux --init-from src/tokenmerge/assets/reference-flux.safetensors
 
 Everything is seeded: the data stream's generator state is part of the checkpoint, so an interrupted and
 resumed run sees the same crops as an uninterrupted one. SIGINT / SIGTERM save a checkpoint before exiting.
 The run writes, into ``--out``: ``checkpoint.pt`` (model, EMA, optimiser, step, data-generator state),
 ``training.json`` (loss curve and the held-out attention-structure curve) and, at the end, the EMA weights
-``reference-<kind>.safetensors``.
+``reference-<kind>.safetensors`` with the training log in their metadata. That log lets ``--init-from``
+continue a run where its folder is gone (a fresh machine): the saved weights become model and EMA, the
+optimiser starts afresh with its own warm-up, and the data stream is seeded from (seed, step).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .models import IMAGE_SIZE, ReferenceModel, save_reference, scheduler_config
+from .models import IMAGE_SIZE, ReferenceModel, load_reference, read_metadata, save_reference, scheduler_config
 from .photos import DEFAULT_CROP_SCALE, HELD_OUT, TRAINING, load_photo, random_crops
 from .structure import measure
 
@@ -49,6 +52,7 @@ class TrainConfig:
     # Crop side as a fraction of the photograph's shorter side. The default mixes textures and whole scenes;
     # a "content phase" resumed with (0.8, 1.0) teaches whole photographs, so samples show their content.
     crop_scale: tuple[float, float] = DEFAULT_CROP_SCALE
+    init_from: str = ""  # saved reference weights to continue from when --out holds no checkpoint
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -82,6 +86,27 @@ def structure_of(model: ReferenceModel, x0: torch.Tensor, timesteps=STRUCTURE_TI
     return [dict(asdict(r), distance_ratio=r.distance_ratio) for r in results]
 
 
+def start_from_weights(cfg: TrainConfig, model: ReferenceModel, ema: ReferenceModel, g: torch.Generator) -> dict:
+    """Continue from the reference weights in ``cfg.init_from``: they become model and EMA (the optimiser state
+    is not saved with them, so it restarts, warm-up included), the data stream is seeded from (seed, step), and
+    the training log in the file's metadata continues."""
+    source = load_reference(cfg.init_from)
+    if source.kind != cfg.kind or source.class_names != model.class_names:
+        raise ValueError(
+            f"--init-from {cfg.init_from} holds a {source.kind} model over {len(source.class_names)} photographs; "
+            f"this run trains {cfg.kind} on {len(model.class_names)}"
+        )
+    meta = read_metadata(cfg.init_from)
+    if "log" not in meta:
+        raise ValueError(f"--init-from {cfg.init_from} has no training log in its metadata, so its history would be lost")
+    model.load_state_dict(source.state_dict())
+    ema.load_state_dict(source.state_dict())
+    log_data = json.loads(meta["log"])
+    log_data["optimizer_from"] = log_data["step"]
+    g.manual_seed(cfg.seed * 2**32 + log_data["step"])
+    return log_data
+
+
 def train(cfg: TrainConfig, log=print) -> Path:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -105,10 +130,15 @@ def train(cfg: TrainConfig, log=print) -> Path:
         g.set_state(state["generator"])
         log_data = state["log"]
         log(f"resumed {checkpoint} at step {log_data['step']}")
+    elif cfg.init_from:
+        log_data = start_from_weights(cfg, model, ema, g)
+        log(f"continuing from the weights in {cfg.init_from} at step {log_data['step']} (fresh optimiser)")
     # Where each invocation ran, for the card's wall-time figure (a resumed run may run elsewhere).
     machine = f"{platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
     # What each invocation ran with, where a resumed run may differ from the first (the card lists the phases).
     phase = {"crop_scale": list(cfg.crop_scale), "lr": cfg.lr, "ema": cfg.ema}
+    if cfg.init_from and log_data.get("optimizer_from") == log_data["step"]:
+        phase["from_weights"] = Path(cfg.init_from).name
     log_data.setdefault("runs", []).append({"from_step": log_data["step"], "machine": machine, **phase})
     params = sum(p.numel() for p in model.parameters())
     log(f"{cfg.kind} reference model: {params / 1e6:.2f} M parameters, {len(images)} photographs, {torch.get_num_threads()} threads")
@@ -151,7 +181,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
             a = alphas[t].view(-1, 1, 1, 1)
             xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
             for group in optimizer.param_groups:
-                group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+                group["lr"] = cfg.lr * min(1.0, (step - log_data.get("optimizer_from", 0) + 1) / cfg.warmup)
             loss = F.mse_loss(model(xt, t, labels), noise)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -184,6 +214,6 @@ def train(cfg: TrainConfig, log=print) -> Path:
         for s, handler in previous.items():
             signal.signal(s, handler)
     weights = out / f"reference-{cfg.kind}.safetensors"
-    save_reference(ema, weights, {"steps": log_data["step"], "train_res": IMAGE_SIZE, "seed": cfg.seed})
+    save_reference(ema, weights, {"steps": log_data["step"], "train_res": IMAGE_SIZE, "seed": cfg.seed, "log": log_data})
     log(f"saved {weights} at step {log_data['step']} ({log_data['step'] - started_step} steps this run)")
     return weights
