@@ -98,6 +98,8 @@ def _run_count(log: dict) -> str:
         for run in runs
         if "from_weights" in run
     )
+    if "reconstructed" in log:  # a log rebuilt after its run folder was lost says what it lacks
+        restarts += f" (log of {log['reconstructed']})"
     if runs[0]["from_step"] > 0:
         return f"in {len(runs)} recorded run(s) from step {runs[0]['from_step']} on, after unrecorded ones{restarts}"
     return f"in {len(runs)} run(s){restarts}"
