@@ -62,6 +62,9 @@ def test_a_run_continues_from_saved_weights_and_the_log_in_their_metadata(tiny_r
     assert [step for step, *_ in log["losses"]] == [1, 2, 3, 4] and log["optimizer_from"] == 3
     assert log["runs"][-1]["from_step"] == 3 and log["runs"][-1]["from_weights"] == tiny_reference.name
     assert read_metadata(weights)["steps"] == "4"
+    train(TrainConfig(**{**config.__dict__, "steps": 5}), log=lambda *a, **k: None)  # its checkpoint wins over --init-from
+    log = json.loads((tmp_path / "training.json").read_text())
+    assert log["step"] == 5 and log["optimizer_from"] == 3 and "from_weights" not in log["runs"][-1]
     from tokenmerge.tools.reference.card import _run_count
 
     assert "at step 3 continued from the saved weights reference-unet.safetensors with a fresh optimiser" in _run_count(log)

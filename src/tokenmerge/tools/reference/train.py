@@ -122,6 +122,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     g = torch.Generator().manual_seed(cfg.seed)
     log_data = {"config": asdict(cfg), "photos": names, "losses": [], "structure": [], "seconds": 0.0, "step": 0}
     checkpoint = out / "checkpoint.pt"
+    from_weights = not checkpoint.exists() and bool(cfg.init_from)  # --init-from only starts a run folder
     if checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
         model.load_state_dict(state["model"])
@@ -130,14 +131,14 @@ def train(cfg: TrainConfig, log=print) -> Path:
         g.set_state(state["generator"])
         log_data = state["log"]
         log(f"resumed {checkpoint} at step {log_data['step']}")
-    elif cfg.init_from:
+    elif from_weights:
         log_data = start_from_weights(cfg, model, ema, g)
         log(f"continuing from the weights in {cfg.init_from} at step {log_data['step']} (fresh optimiser)")
     # Where each invocation ran, for the card's wall-time figure (a resumed run may run elsewhere).
     machine = f"{platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
     # What each invocation ran with, where a resumed run may differ from the first (the card lists the phases).
     phase = {"crop_scale": list(cfg.crop_scale), "lr": cfg.lr, "ema": cfg.ema}
-    if cfg.init_from and log_data.get("optimizer_from") == log_data["step"]:
+    if from_weights:
         phase["from_weights"] = Path(cfg.init_from).name
     log_data.setdefault("runs", []).append({"from_step": log_data["step"], "machine": machine, **phase})
     params = sum(p.numel() for p in model.parameters())
