@@ -90,15 +90,15 @@ def start_from_weights(cfg: TrainConfig, model: ReferenceModel, ema: ReferenceMo
     """Continue from the reference weights in ``cfg.init_from``: they become model and EMA (the optimiser state
     is not saved with them, so it restarts, warm-up included), the data stream is seeded from (seed, step), and
     the training log in the file's metadata continues."""
+    meta = read_metadata(cfg.init_from)
+    if "log" not in meta:  # checked before the weights load: no history, no continuation
+        raise ValueError(f"--init-from {cfg.init_from} has no training log in its metadata, so its history would be lost")
     source = load_reference(cfg.init_from)
     if source.kind != cfg.kind or source.class_names != model.class_names:
         raise ValueError(
             f"--init-from {cfg.init_from} holds a {source.kind} model over {len(source.class_names)} photographs; "
             f"this run trains {cfg.kind} on {len(model.class_names)}"
         )
-    meta = read_metadata(cfg.init_from)
-    if "log" not in meta:
-        raise ValueError(f"--init-from {cfg.init_from} has no training log in its metadata, so its history would be lost")
     model.load_state_dict(source.state_dict())
     ema.load_state_dict(source.state_dict())
     log_data = json.loads(meta["log"])
