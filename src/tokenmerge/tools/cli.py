@@ -129,6 +129,7 @@ def _train(args: argparse.Namespace) -> int:
             max_images=args.max_images,
             crop_scale=tuple(args.crop_scale),
             ema=args.ema,
+            res=args.res,
             init_from=args.init_from,
         )
         train(config, log=log)
@@ -256,6 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.crop_scale,
         metavar=("MIN", "MAX"),
         help="crop side as a fraction of the photograph's shorter side (default 0.25 1; 0.8 1 for a content phase)",
+    )
+    tr.add_argument(
+        "--res",
+        type=int,
+        default=d.res,
+        help=f"training resolution in px of this invocation (default {d.res}, the evaluation size; 32 for a cheap first phase)",
     )
     tr.add_argument("--ema", type=float, default=d.ema, help="EMA decay of the saved weights (0.99 for a short resumed phase)")
     tr.add_argument(
