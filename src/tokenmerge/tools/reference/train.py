@@ -65,7 +65,9 @@ class TrainConfig:
         if not 0 <= self.ema < 1:
             raise ValueError(f"ema must be in [0, 1), got {self.ema}")
         if self.res < 16 or self.res % 16:
-            raise ValueError(f"res must be a multiple of 16 and at least 16 (the models halve it up to 3 times), got {self.res}")
+            raise ValueError(
+                f"res must be a multiple of 16 and at least 16 (the UNet halves it twice, the transformers take 2x2 patches), got {self.res}"
+            )
 
 
 def held_out_batch(res: int = IMAGE_SIZE, per_photo: int = 2, seed: int = 0) -> torch.Tensor:
