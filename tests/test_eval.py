@@ -71,10 +71,10 @@ def test_a_run_continues_from_saved_weights_and_the_log_in_their_metadata(tiny_r
     assert "at step 3 continued from the saved weights reference-unet.safetensors with a fresh optimiser" in _run_count(log)
 
 
-@pytest.mark.parametrize("kind", ["flux", "unet"])
+@pytest.mark.parametrize("kind", ["flux", "sd3"])
 def test_init_from_rejects_weights_it_cannot_continue(tiny_reference, tmp_path, kind):
-    # flux: another kind than the file's; unet: the shipped v2 file, saved before logs were embedded.
-    source = tiny_reference if kind == "flux" else shipped("unet")
+    # flux: another kind than the file's; sd3: the shipped MMDiT file, saved before logs were embedded.
+    source = tiny_reference if kind == "flux" else shipped("sd3")
     config = TrainConfig(
         kind=kind, out=str(tmp_path), steps=1, batch=2, structure_every=0, max_images=2 if kind == "flux" else 0, init_from=str(source)
     )
@@ -150,6 +150,7 @@ def test_eval_on_a_reference_file_prints_table_structure_json_and_grid(tiny_refe
     assert set(results) == {"vanilla", "tokenmerge r=0.5", "tokenmerge todo f=2", "tomesd 0.1.3 r=0.5"}
     assert results["vanilla"]["speedup"] == 1.0
     assert np.isfinite(results["tokenmerge r=0.5"]["psnr_mean"]) and 0 < results["tokenmerge r=0.5"]["ssim_mean"] <= 1
+    assert len(results["tokenmerge r=0.5"]["psnr_per_seed"]) == 2 and results["vanilla"]["psnr_per_seed"] == []  # for paired differences
     from PIL import Image
 
     assert Image.open(grid).size[0] == 4 * (32 + 2)  # vanilla + three configurations

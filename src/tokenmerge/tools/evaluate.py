@@ -57,6 +57,7 @@ class Result:
             "rel_l2_std": stats(self.rel_l2)[1],
             "seconds": self.seconds,
             "speedup": self.speedup,
+            "psnr_per_seed": list(self.psnr),  # in seed order, the same seeds for every configuration: paired differences
         }
 
 
