@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tokenmerge.algorithms import TokenGrid
 from tokenmerge.integrations.comfyui import TokenMergeNode, token_grid, top_attention_level
 from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
 
@@ -131,8 +132,8 @@ def test_node_declares_its_inputs():
 
 
 def test_token_grid_recovers_odd_sizes():
-    assert token_grid([1, 4, 65, 97], 65 * 97) == (65, 97, 1)
-    assert token_grid([1, 4, 65, 97], 33 * 49) == (33, 49, 2)
+    assert token_grid([1, 4, 65, 97], 65 * 97) == (TokenGrid((65, 97)), 1)
+    assert token_grid([1, 4, 65, 97], 33 * 49) == (TokenGrid((33, 49)), 2)
     assert token_grid([1, 4, 65, 97], 1000) is None
 
 

@@ -25,7 +25,7 @@ from hypothesis import assume, given, settings
 
 import tokenmerge
 import tokenmerge.hooks.calls
-from tokenmerge.algorithms import MergePlan, bipartite_soft_matching, grid_partition
+from tokenmerge.algorithms import MergePlan, TokenGrid, bipartite_soft_matching, grid_partition
 from tokenmerge.tools.architectures import build_unet
 
 from conftest import LDM_SD15, build_ldm_unet, ldm_inputs, max_rel_diff, sd_inputs
@@ -69,7 +69,7 @@ def _representatives(plan: MergePlan) -> torch.Tensor:
 def _decision_gaps(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, r: int) -> float:
     """The smallest gap, in float64, between a choice the matching makes and its runner-up."""
     m = metric.double() / metric.double().norm(dim=-1, keepdim=True)
-    src, dst = grid_partition(h, w, sx, sy, None, metric.device)
+    src, dst = grid_partition(TokenGrid((h, w)), (sy, sx), None, metric.device)
     scores = m[:, src[0]] @ m[:, dst[0]].transpose(-1, -2)
     gaps = [float("inf")]
     if scores.shape[-1] > 1:
@@ -99,7 +99,7 @@ def test_the_same_tokens_give_tomesds_merge_where_there_are_no_ties(b, h, w, sx,
     assume(_decision_gaps(metric, h, w, sx, sy, r) > TIE_GAP)
     m, u = tomesd.merge.bipartite_soft_matching_random2d(metric, w, h, sx, sy, r, no_rand=True)
     reference = tomesd_plan(m, b, h * w)
-    src, dst = grid_partition(h, w, sx, sy, None, metric.device)
+    src, dst = grid_partition(TokenGrid((h, w)), (sy, sx), None, metric.device)
     ours = bipartite_soft_matching(metric, src, dst, r)
     if reference is None:
         assert ours is None
@@ -116,7 +116,7 @@ def test_the_same_tokens_give_tomesds_merge_where_there_are_no_ties(b, h, w, sx,
 def _valid_for_the_rule(plan: MergePlan, metric: torch.Tensor, h: int, w: int, sx: int, sy: int) -> bool:
     """Each merged source sits in a best-scoring destination, and no unmerged source scores better than a merged one."""
     m = metric.double() / metric.double().norm(dim=-1, keepdim=True)
-    _, dst = grid_partition(h, w, sx, sy, None, metric.device)
+    _, dst = grid_partition(TokenGrid((h, w)), (sy, sx), None, metric.device)
     scores = m @ m[:, dst[0]].transpose(-1, -2)  # every position against the destinations
     best = scores.max(-1).values
     dst_of_slot = plan.keep_idx.gather(1, plan.dst_slot)  # position of each merged source's destination
@@ -140,7 +140,7 @@ def test_exact_ties_give_tie_equivalent_merges(h, w, ratio):
     metric = palette[torch.randint(3, (2, h * w), generator=g)]
     r = int(h * w * ratio)
     m, _ = tomesd.merge.bipartite_soft_matching_random2d(metric, w, h, 2, 2, r, no_rand=True)
-    src, dst = grid_partition(h, w, 2, 2, None, metric.device)
+    src, dst = grid_partition(TokenGrid((h, w)), (2, 2), None, metric.device)
     ours = bipartite_soft_matching(metric, src, dst, r)
     assert _valid_for_the_rule(ours, metric, h, w, 2, 2)
     assert _valid_for_the_rule(tomesd_plan(m, 2, h * w), metric, h, w, 2, 2)

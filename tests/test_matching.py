@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tomesd.merge import bipartite_soft_matching_random2d
 
-from tokenmerge.algorithms import bipartite_soft_matching, grid_partition, hash_ints, random_offsets
+from tokenmerge.algorithms import TokenGrid, bipartite_soft_matching, grid_partition, hash_ints, random_offsets
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -29,7 +29,7 @@ def _plan(h, w, sx, sy, b, ratio, rand, dtype=torch.float32, seed=0):
     offsets = None
     if rand:
         offsets = random_offsets(torch.arange(b, dtype=torch.int64) + seed, (h // sy) * (w // sx), sx * sy)
-    src, dst = grid_partition(h, w, sx, sy, offsets, x.device)
+    src, dst = grid_partition(TokenGrid((h, w)), (sy, sx), offsets, x.device)
     return x, src, dst, bipartite_soft_matching(x, src, dst, int(h * w * ratio))
 
 
@@ -93,7 +93,7 @@ def test_top_left_partition_matches_tomesd(h, w, sx, sy, b, ratio):
     x = torch.randn(b, h * w, 16, generator=g, dtype=torch.float64)
     r = int(h * w * ratio)
     m_ref, u_ref = bipartite_soft_matching_random2d(x, w, h, sx, sy, r, no_rand=True)
-    src, dst = grid_partition(h, w, sx, sy, None, x.device)
+    src, dst = grid_partition(TokenGrid((h, w)), (sy, sx), None, x.device)
     plan = bipartite_soft_matching(x, src, dst, r)
     ours = x if plan is None else plan.unmerge(torch.tanh(plan.merge(x)))
     ref = u_ref(torch.tanh(m_ref(x)))

@@ -78,9 +78,9 @@ def matching_calls(monkeypatch):
     calls: list[tuple[int, int]] = []
     real = tokenmerge.hooks.calls.plan_merge
 
-    def counting(x, h, w, *args):
-        calls.append((h, w))
-        return real(x, h, w, *args)
+    def counting(x, grid, *args):
+        calls.append(grid.shape)
+        return real(x, grid, *args)
 
     monkeypatch.setattr(tokenmerge.hooks.calls, "plan_merge", counting)
     return calls

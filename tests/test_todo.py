@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tokenmerge
-from tokenmerge.algorithms import downsample_tokens
+from tokenmerge.algorithms import TokenGrid, downsample_tokens
 from tokenmerge.integrations.comfyui import TokenMergeNode
 from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
 
@@ -59,7 +59,7 @@ def test_comfyui_node_downsamples_keys_and_values():
 @pytest.mark.parametrize("h,w,factor", [(16, 16, 2), (15, 9, 2), (7, 5, 3), (4, 4, 1)])
 def test_downsample_tokens_shapes(h, w, factor):
     x = torch.randn(2, h * w, 5)
-    out = downsample_tokens(x, h, w, factor, "nearest-exact")
+    out = downsample_tokens(x, TokenGrid((h, w)), (factor, factor), "nearest-exact")
     assert out.shape == (2, -(-h // factor) * -(-w // factor), 5)
     if factor == 1:
         assert out is x

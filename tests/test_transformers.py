@@ -13,7 +13,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import tokenmerge
-from tokenmerge.algorithms import nearest_indices
+from tokenmerge.algorithms import TokenGrid, nearest_indices
 from tokenmerge.tools.architectures import build_model, transformer_inputs
 
 from conftest import shared
@@ -130,7 +130,7 @@ def test_flux_downsampled_keys_keep_their_exact_rotary_positions(blocks):
         _run(model, inputs)
     with tokenmerge.patched(model, method="todo", kv_factor=2), attention_calls() as calls:
         _run(model, inputs)
-    keep = nearest_indices(9, 7, 2, "nearest-exact", torch.device("cpu"))
+    keep = nearest_indices(TokenGrid((9, 7)), (2, 2), "nearest-exact", torch.device("cpu"))
     k_full, k = vanilla_calls[0][2], calls[0][2]
     expected = torch.cat([k_full[..., :TEXT, :], k_full[..., TEXT:, :].index_select(-2, keep)], dim=-2)
     assert torch.equal(k, expected)
@@ -214,11 +214,11 @@ def test_flux_compiles(models):
 @pytest.mark.parametrize(
     "name,options,match",
     [
-        ("sd3", dict(max_downsample=2), "max_downsample=2 has no effect on a SD3 transformer"),
-        ("flux", dict(max_downsample=1), "max_downsample=1 has no effect on a Flux transformer"),
+        ("sd3", dict(max_downsample=2), "max_downsample=2 has no effect on the SD3 / SD3.5 transformer"),
+        ("flux", dict(max_downsample=1), "max_downsample=1 has no effect on the Flux.1 transformer"),
         ("pixart", dict(max_downsample=4), "max_downsample=4 has no effect"),
-        ("sd3", dict(merge_crossattn=True), "merge_crossattn=True has no effect on a SD3 transformer"),
-        ("flux", dict(merge_crossattn=True), "merge_crossattn=True has no effect on a Flux transformer"),
+        ("sd3", dict(merge_crossattn=True), "merge_crossattn=True has no effect on the SD3 / SD3.5 transformer"),
+        ("flux", dict(merge_crossattn=True), "merge_crossattn=True has no effect on the Flux.1 transformer"),
     ],
 )
 def test_options_without_effect_on_a_transformer_are_rejected(models, name, options, match):

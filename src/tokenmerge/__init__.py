@@ -4,7 +4,7 @@
 the webui's latent-diffusion object or an ldm/sgm UNet in place; ``tokenmerge.remove_patch(model)`` undoes
 it. Code written for tomesd 0.1.3 runs unchanged after ``import tokenmerge as tomesd``.
 
-The core (this package's top level, ``algorithms``, ``planning``, ``adapters``, ``hooks``) imports no front
+The core (this package's top level, ``algorithms``, ``planning``, ``families``, ``hooks``) imports no front
 end and no tool: ``tokenmerge.integrations`` (ComfyUI, webui, Forge) and ``tokenmerge.tools`` (CLI, bench,
 eval, reference models) sit on top.
 """

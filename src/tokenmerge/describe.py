@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from .adapters import roots_of
-from .algorithms import downsampled_size
+from .algorithms import TokenGrid
 from .config import TokenMergeConfig
+from .families import get, roots_of
 from .hooks import PatchState, states_in
-from .planning import kv_factor_for
+from .planning import kv_factor_for, merge_count
 
 
 @dataclass(frozen=True)
@@ -59,25 +58,25 @@ class PatchDescription:
     __repr__ = __str__
 
 
-def _action(config: TokenMergeConfig, spans: tuple[str, ...], level: int, grid: tuple[int, int] | None) -> str:
+def _action(config: TokenMergeConfig, spans: tuple[str, ...], level: int, grid: TokenGrid | None) -> str:
     if config.is_identity:
         return "unchanged (identity options)"
     if grid is None:
         what = "merge tokens" if config.method == "tome" else "downsample keys/values"
         return f"{what} ({', '.join(spans) if config.method == 'tome' else config.method})"
-    h, w = math.ceil(grid[0] / level), math.ceil(grid[1] / level)
-    n = h * w
+    grid = grid.scaled(level)
+    n = grid.numel
     if config.method == "tome":
-        r = min(int(n * config.ratio), n - (h // config.sy) * (w // config.sx))
-        return f"merge {r} of {n} tokens ({h}x{w}) in {', '.join(spans)}" if r > 0 else f"unchanged ({h}x{w} grid too small)"
+        r = merge_count(config, grid)
+        return f"merge {r} of {n} tokens ({grid}) in {', '.join(spans)}" if r > 0 else f"unchanged ({grid} grid too small)"
     factor = kv_factor_for(config, n)
     if factor == 1:
         return f"unchanged ({n} tokens: at most auto_min_tokens)" if config.method == "auto" else "unchanged"
-    kh, kw = downsampled_size(h, w, factor)
-    return f"keys/values {n} -> {kh * kw} (factor {factor}, {h}x{w} -> {kh}x{kw})"
+    kept = grid.reduced(grid.spatial(factor, factor))
+    return f"keys/values {n} -> {kept.numel} (factor {factor}, {grid} -> {kept})"
 
 
-def _describe(patch: PatchState, grid: tuple[int, int] | None) -> DenoiserDescription:
+def _describe(patch: PatchState, grid: TokenGrid | None) -> DenoiserDescription:
     config, layout = patch.config, patch.layout
     enabled = {name for name in ("merge_attn", "merge_crossattn", "merge_mlp") if config.merges(name, layout.single_level)}
     blocks = []
@@ -86,10 +85,11 @@ def _describe(patch: PatchState, grid: tuple[int, int] | None) -> DenoiserDescri
         patched = not config.is_identity and config.merges_level(info.level, layout.top_level)
         action = _action(config, spans, info.level, grid) if patched else "unchanged (level not patched)"
         blocks.append(BlockDescription(info.index, info.layout.kind, info.level, spans, patched, action))
-    return DenoiserDescription(type(layout.root).__name__, layout.family, layout.top_level, config, tuple(blocks))
+    return DenoiserDescription(type(layout.root).__name__, get(layout.family).title, layout.top_level, config, tuple(blocks))
 
 
-def describe(model: Any, grid: tuple[int, int] | None = None) -> PatchDescription:
+def describe(model: Any, grid: TokenGrid | tuple[int, ...] | None = None) -> PatchDescription:
     """Which blocks a patch reaches and what each does; with ``grid`` (the token grid of the highest-resolution
     level: the latent's (h, w) for a UNet, the patch grid for a transformer), what each does at that size."""
-    return PatchDescription(tuple(_describe(patch, grid) for _, patch in states_in(roots_of(model))))
+    found = None if grid is None else TokenGrid.of(grid)
+    return PatchDescription(tuple(_describe(patch, found) for _, patch in states_in(roots_of(model))))

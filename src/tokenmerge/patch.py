@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from .adapters import discover, roots_of
 from .config import DEFAULTS, TOMESD_PARAMETERS, TokenMergeConfig, check_option_names
+from .families import discover, get, roots_of
 from .hooks import PatchState, install, states_in, states_of, uninstall
 
 
@@ -57,18 +57,23 @@ def _warn_if_ineffective(states: list[PatchState], config: TokenMergeConfig) -> 
 def _check_for_layouts(config: TokenMergeConfig, states_or_layouts: list[Any]) -> None:
     """Options that have no effect on a model are rejected, not ignored."""
     layouts = [getattr(x, "layout", x) for x in states_or_layouts]
-    single = [layout.family for layout in layouts if layout.single_level]
+    single = [layout for layout in layouts if layout.single_level]
     if single and config.max_downsample is not None:
         raise ValueError(
-            f"max_downsample={config.max_downsample} has no effect on a {single[0]}: it has one token grid (level 1); "
+            f"max_downsample={config.max_downsample} has no effect on {_named(single[0])}: it has one token grid (level 1); "
             "leave max_downsample=None"
         )
-    joint = [layout.family for layout in layouts if layout.family in ("SD3 transformer", "Flux transformer")]
+    joint = [layout for layout in layouts if not get(layout.family).cross_attention]
     if joint and config.method == "tome" and config.merge_crossattn:
         raise ValueError(
-            f"merge_crossattn=True has no effect on a {joint[0]}: its attention is joint over image and text tokens "
-            "(merged by merge_attn); leave merge_crossattn=False"
+            f"merge_crossattn=True has no effect on {_named(joint[0])}: it has no separate text cross-attention (its "
+            "attention is joint over image and text tokens, merged by merge_attn); leave merge_crossattn=False"
         )
+
+
+def _named(layout: Any) -> str:
+    """'the Flux.1 transformer (FluxTransformer2DModel)': a denoiser named by its family and class."""
+    return f"the {get(layout.family).title} {get(layout.family).kind} ({type(layout.root).__name__})"
 
 
 def apply_patch(

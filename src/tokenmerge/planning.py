@@ -1,6 +1,6 @@
 """What each transformer block does in one call: the single decision shared by every front end.
 
-The hooks (diffusers, ldm/sgm, the DiT adapters) and the ComfyUI patch callables only gather the facts (the
+The hooks (diffusers, ldm/sgm, every transformer family) and the ComfyUI patch callables only gather the facts (the
 block's level, its tokens and their grid, the timestep) and call :func:`decide`; they never decide
 themselves.
 """
@@ -13,7 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .algorithms import MergePlan, batch_metric, bipartite_soft_matching, grid_partition, hash_ints, random_offsets, timestep_keys
+from .algorithms import (
+    MergePlan,
+    TokenGrid,
+    batch_metric,
+    bipartite_soft_matching,
+    grid_partition,
+    hash_ints,
+    random_offsets,
+    timestep_keys,
+)
 from .config import TokenMergeConfig
 
 _BLOCK_SALT = 0x70E
@@ -22,11 +31,16 @@ _BLOCK_SALT = 0x70E
 @dataclass(frozen=True)
 class BlockAction:
     """One block's work in one call: merge with ``plan`` (tome), or downsample the keys and values of its
-    ``kv_grid`` image tokens by ``kv_factor`` (todo/auto), or nothing."""
+    ``kv_grid`` image tokens by ``kv_factors`` (one per grid axis; todo/auto), or nothing."""
 
     plan: MergePlan | None = None
-    kv_grid: tuple[int, int] | None = None
-    kv_factor: int = 1
+    kv_grid: TokenGrid | None = None
+    kv_factors: tuple[int, ...] = ()
+
+    @property
+    def kv_factor(self) -> int:
+        """The spatial key/value factor (1 when keys and values are not downsampled)."""
+        return self.kv_factors[-1] if self.kv_factors else 1
 
     @property
     def idle(self) -> bool:
@@ -61,16 +75,26 @@ def kv_factor_for(config: TokenMergeConfig, tokens: int) -> int:
     return config.kv_factor
 
 
+def window_of(config: TokenMergeConfig, grid: TokenGrid) -> tuple[int, ...]:
+    """The destination window of ToMe on ``grid``: sy×sx on the spatial axes, one token on the others."""
+    return grid.spatial(config.sx, config.sy)
+
+
+def merge_count(config: TokenMergeConfig, grid: TokenGrid) -> int:
+    """How many of ``grid``'s tokens ToMe merges away: ``int(N * ratio)``, at most every source of the partition."""
+    windows = math.prod([s // w for s, w in zip(grid.shape, window_of(config, grid))])
+    return min(int(grid.numel * config.ratio), grid.numel - windows) if windows else 0
+
+
 def plan_merge(
     x: torch.Tensor,
-    h: int,
-    w: int,
+    grid: TokenGrid,
     config: TokenMergeConfig,
     key: int,
     timestep: torch.Tensor | None,
     shared_by_batch: bool = False,
 ) -> MergePlan | None:
-    """Match the (B, h*w, C) tokens ``x`` and return how to merge ``int(h*w*ratio)`` of them (or None).
+    """Match the (B, N, C) tokens ``x`` of ``grid`` and return how to merge ``int(N*ratio)`` of them (or None).
 
     ``shared_by_batch``: one plan for all samples (where a position table shared by the batch must follow
     the merge, as Flux's rotary table), matched on the mean of the samples' normalised tokens, with the
@@ -79,13 +103,14 @@ def plan_merge(
     metric = batch_metric(x) if shared_by_batch else x
     if shared_by_batch and timestep is not None:
         timestep = timestep.flatten()[:1]
+    window = window_of(config, grid)
     offsets = None
     if config.use_rand:
         keys = timestep_keys(key, config.seed_key, timestep, metric.shape[0], x.device)
-        offsets = random_offsets(keys, (h // config.sy) * (w // config.sx), config.sx * config.sy)
-    src, dst = grid_partition(h, w, config.sx, config.sy, offsets, x.device)
+        offsets = random_offsets(keys, math.prod([s // w for s, w in zip(grid.shape, window)]), math.prod(window))
+    src, dst = grid_partition(grid, window, offsets, x.device)
     dtype = None if config.match_dtype is None else getattr(torch, config.match_dtype)
-    return bipartite_soft_matching(metric, src, dst, int(h * w * config.ratio), dtype)
+    return bipartite_soft_matching(metric, src, dst, int(grid.numel * config.ratio), dtype)
 
 
 def decide(
@@ -93,7 +118,7 @@ def decide(
     *,
     level: int,
     top_level: int,
-    grid: tuple[int, int] | None,
+    grid: TokenGrid | None,
     make_plan: Callable[[], MergePlan | None],
 ) -> BlockAction:
     """The block's action: nothing (identity options, a level not patched, no grid), a key/value factor
@@ -101,7 +126,7 @@ def decide(
     if config.is_identity or grid is None or not config.merges_level(level, top_level):
         return IDLE
     if config.method != "tome":
-        factor = kv_factor_for(config, grid[0] * grid[1])
-        return BlockAction(kv_grid=grid, kv_factor=factor) if factor > 1 else IDLE
+        factor = kv_factor_for(config, grid.numel)
+        return BlockAction(kv_grid=grid, kv_factors=grid.spatial(factor, factor)) if factor > 1 else IDLE
     plan = make_plan()
     return IDLE if plan is None else BlockAction(plan=plan)

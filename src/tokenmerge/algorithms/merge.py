@@ -1,7 +1,7 @@
 """Token matching and merging for ToMe for SD, as pure tensor algorithms (no model knowledge).
 
-A block's N = h*w tokens are split into destinations (one per sx×sy window) and sources (the rest,
-including the border rows/columns that do not fill a window). Each source is paired with its most
+A block's N tokens (a grid of any rank) are split into destinations (one per window: sy×sx on an image,
+st×sy×sx on a video) and sources (the rest, including the borders that do not fill a window). Each source is paired with its most
 cosine-similar destination; the r best-paired sources are averaged into their destinations. The
 result is a :class:`MergePlan` that shrinks (B, N, C) tensors to (B, N - r, C) and restores them.
 
@@ -15,30 +15,42 @@ implementations of the same rule (tomesd's own results differ between machines t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from .grid import TokenGrid
+
 
 def grid_partition(
-    h: int, w: int, sx: int, sy: int, offsets: torch.Tensor | None, device: torch.device
+    grid: TokenGrid, window: tuple[int, ...], offsets: torch.Tensor | None, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split the h*w row-major token positions into (sources, destinations).
+    """Split the row-major token positions of ``grid`` into (sources, destinations): one destination per
+    ``window`` (a size per axis: (sy, sx) on an image, (st, sy, sx) on a video).
 
-    ``offsets`` (B', hsy*wsx) picks each window's destination (dy*sx + dx); ``None`` picks the
-    top-left token. Returns int64 index tensors of shapes (B', N - hsy*wsx) and (B', hsy*wsx),
-    sources in increasing position order.
+    ``offsets`` (B', windows) picks each window's destination (its row-major position inside the window);
+    ``None`` picks the first one. Returns int64 index tensors of shapes (B', N - windows) and (B', windows),
+    sources in increasing position order. Axes not filled by whole windows (borders) are all sources.
     """
-    hsy, wsx = h // sy, w // sx
+    counts = [size // win for size, win in zip(grid.shape, window)]
+    num_windows = math.prod(counts)
     if offsets is None:
-        offsets = torch.zeros(1, hsy * wsx, dtype=torch.int64, device=device)
-    offsets = offsets.view(offsets.shape[0], hsy, wsx)
-    rows = torch.arange(hsy, device=device)[:, None] * sy + offsets // sx
-    cols = torch.arange(wsx, device=device)[None, :] * sx + offsets % sx
-    dst = (rows * w + cols).flatten(1)
-    is_dst = torch.zeros(dst.shape[0], h * w, dtype=torch.int32, device=device)
+        offsets = torch.zeros(1, num_windows, dtype=torch.int64, device=device)
+    offsets = offsets.view(offsets.shape[0], *counts)
+    dst = torch.zeros_like(offsets)
+    inner = math.prod(window)
+    for axis, (count, win) in enumerate(zip(counts, window)):
+        inner //= win
+        shape = [1] * (len(counts) + 1)
+        shape[axis + 1] = count
+        coordinate = torch.arange(count, device=device).view(shape) * win + (offsets // inner) % win
+        dst = dst * grid.shape[axis] + coordinate
+    dst = dst.flatten(1)
+    n = grid.numel
+    is_dst = torch.zeros(dst.shape[0], n, dtype=torch.int32, device=device)
     is_dst.scatter_(1, dst, 1)
-    src = is_dst.argsort(dim=1, stable=True)[:, : h * w - hsy * wsx]
+    src = is_dst.argsort(dim=1, stable=True)[:, : n - num_windows]
     return src, dst
 
 

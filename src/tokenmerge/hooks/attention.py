@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..algorithms import downsample_keys, downsample_mask_columns, downsample_tokens
+from ..algorithms import TokenLayout, downsample_keys, downsample_mask_columns, downsample_tokens
+from . import dispatch
 from .calls import first_tensor
 from .state import BlockWarnings, PatchState
 
@@ -37,40 +38,57 @@ def projections_fused(attention: torch.nn.Module) -> bool:
 
 
 class ReduceKeysValues(TorchFunctionMode):
-    """Downsamples the image part of the keys and values of every SDPA call made while it is active, unless
-    the key and value projections already ran on downsampled image tokens (``projected``)."""
+    """One attention call's key/value reduction: the image segment of its keys and values (and the matching mask
+    columns) downsampled, whichever route computes the attention.
 
-    def __init__(self, grid: tuple[int, int], factor: int, interpolation: str, image_first: bool, projections: bool) -> None:
+    Routes: as a TorchFunctionMode it reduces torch's ``scaled_dot_product_attention`` calls made while it is
+    active (processors that call SDPA themselves); diffusers' ``dispatch_attention_fn`` backends are reached by
+    :mod:`tokenmerge.hooks.dispatch`, which calls :meth:`reduce` in front of whichever backend runs and marks the
+    call ``dispatching`` so that a backend built on SDPA is not reduced twice. Nothing is reduced where the key and
+    value projections already ran on downsampled image tokens (``projected``)."""
+
+    def __init__(self, layout: TokenLayout, factors: tuple[int, ...], interpolation: str, projections: bool) -> None:
         super().__init__()
-        self.grid, self.factor, self.interpolation, self.image_first = grid, factor, interpolation, image_first
+        self.layout, self.grid, self.factors, self.interpolation = layout, layout.grid, factors, interpolation
+        self.start = layout.image_start
         self.projections = projections  # the attention's to_k / to_v may downsample their inputs
         self.projected = 0
         self.reduced = 0
+        self.dispatching = 0
         self.mask_skipped = False
+
+    def reduce(self, key: torch.Tensor, value: torch.Tensor, mask: Any) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+        """(B, H, S, D) keys and values and their mask, reduced; ``None`` where they stay as they are (another
+        sequence than this attention's, a mask that cannot follow, projections that reduced them already)."""
+        if self.projected:  # keys and values were computed from downsampled image tokens already
+            self.reduced += 1
+            return None
+        if key.shape[-2] != self.layout.total:  # not this attention's sequence (a cross-attention, IP-adapter tokens)
+            return None
+        if mask is not None and not isinstance(mask, torch.Tensor):  # a flex BlockMask: no columns to select
+            return None
+        if mask is not None and mask.shape[-1] == key.shape[-2]:
+            if not self.interpolation.startswith("nearest"):
+                self.mask_skipped = True
+                return None
+            mask = downsample_mask_columns(mask, self.start, self.grid, self.factors, self.interpolation)
+        key = downsample_keys(key, self.start, self.grid, self.factors, self.interpolation)
+        value = downsample_keys(value, self.start, self.grid, self.factors, self.interpolation)
+        self.reduced += 1
+        return key, value, mask
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not _SDPA:
-            return func(*args, **kwargs)
-        if self.projected:  # keys and values were computed from downsampled image tokens already
-            self.reduced += 1
+        if func is not _SDPA or self.dispatching:
             return func(*args, **kwargs)
         values = dict(zip(_SDPA_NAMES, args))
         values.update({k: v for k, v in kwargs.items() if k in _SDPA_NAMES})
         rest = {k: v for k, v in kwargs.items() if k not in _SDPA_NAMES}
         rest.update({k: v for k, v in zip(_SDPA_NAMES, args) if k not in values})
-        key, value, mask = values["key"], values["value"], values.get("attn_mask")
-        n = self.grid[0] * self.grid[1]
-        if key.shape[-2] < n:  # no image grid among these keys (a cross-attention, IP-adapter tokens)
+        found = self.reduce(values["key"], values["value"], values.get("attn_mask"))
+        if found is None:
             return func(*args, **kwargs)
-        if mask is not None and mask.shape[-1] == key.shape[-2]:
-            if not self.interpolation.startswith("nearest"):
-                self.mask_skipped = True
-                return func(*args, **kwargs)
-            mask = downsample_mask_columns(mask, self.grid, self.factor, self.interpolation, self.image_first)
-        key = downsample_keys(key, self.grid, self.factor, self.interpolation, self.image_first)
-        value = downsample_keys(value, self.grid, self.factor, self.interpolation, self.image_first)
-        self.reduced += 1
+        key, value, mask = found
         return func(values["query"], key, value, **({"attn_mask": mask} if "attn_mask" in values else {}), **rest)
 
 
@@ -87,10 +105,10 @@ class DownsampleKeysValues:
         call = self.patch.current()
         block = None if call is None else call.blocks.get(self.block)
         action = None if block is None else block.action
-        if action is None or action.kv_grid is None:
+        if action is None or action.kv_grid is None or block.layout is None:
             return None
         site = self.patch.blocks[self.block].layout.kv_sites[self.site]
-        (h, w), factor, interpolation = action.kv_grid, action.kv_factor, call.config.kv_interpolation
+        grid, factors, interpolation = action.kv_grid, action.kv_factors, call.config.kv_interpolation
         if site.context_kwarg is not None:
             if kwargs.get(site.context_kwarg) is not None:  # this attention attends to a context already
                 return None
@@ -98,11 +116,13 @@ class DownsampleKeysValues:
                 self.warnings.warn_once("an attention mask over the tokens is set; its keys and values are not downsampled")
                 return None
             if not projections_fused(module):
-                kv = downsample_tokens(first_tensor(args, kwargs), h, w, factor, interpolation)
+                kv = downsample_tokens(first_tensor(args, kwargs), grid, factors, interpolation)
                 return args, {**kwargs, site.context_kwarg: kv}
-        mode = ReduceKeysValues((h, w), factor, interpolation, site.image_first, bool(site.projections) and not projections_fused(module))
+        layout = block.layout.stream(site.stream)
+        mode = ReduceKeysValues(layout, factors, interpolation, bool(site.projections) and not projections_fused(module))
         mode.__enter__()
         self.patch.open_mode(module, mode)
+        dispatch.ACTIVE.stack.append(mode)
         return None
 
 
@@ -118,11 +138,15 @@ class CloseKeyValueMode:
         if mode is None:
             return
         mode.__exit__(None, None, None)
+        stack = dispatch.ACTIVE.stack
+        if stack and stack[-1] is mode:
+            stack.pop()
         if (mode.reduced == 0 or mode.mask_skipped) and not torch.compiler.is_compiling():
             reason = (
                 "an attention mask is set and kv_interpolation is not nearest"
                 if mode.mask_skipped
-                else "it does not call torch's scaled_dot_product_attention (another attention backend?)"
+                else "its attention is neither torch's scaled_dot_product_attention nor a diffusers dispatch backend, or its "
+                f"keys are not the {mode.layout.total} tokens of its call's layout ({mode.layout})"
             )
             self.warnings.warn_once(f"keys and values were not downsampled: {reason}", stacklevel=3)
 
@@ -140,8 +164,7 @@ class DownsampleProjectionInput:
         if mode is None or not mode.projections or not args:
             return None
         x = args[0]
-        h, w = mode.grid
-        if x.ndim != 3 or x.shape[1] != h * w:
+        if x.ndim != 3 or x.shape[1] != mode.grid.numel:
             return None
         mode.projected += 1
-        return (downsample_tokens(x, h, w, mode.factor, mode.interpolation), *args[1:])
+        return (downsample_tokens(x, mode.grid, mode.factors, mode.interpolation), *args[1:])

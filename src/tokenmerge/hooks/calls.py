@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..algorithms import MergePlan
+from ..algorithms import MergePlan, TokenGrid, TokenLayout
 from ..planning import IDLE, decide, plan_merge
 from .state import BlockCall, BlockWarnings, CallState, PatchState, in_backward
 
@@ -26,6 +26,12 @@ def replace_first(args: tuple, kwargs: dict[str, Any], value: torch.Tensor, name
         return (value, *args[1:]), kwargs
     key = next(name for name in names if name in kwargs)
     return args, {**kwargs, key: value}
+
+
+def image_tokens(x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """The target image's tokens of a sequence ``x`` laid out as ``layout`` (``x`` itself when it holds only them)."""
+    start, n = layout.image_start, layout.grid.numel
+    return x if start == 0 and n == x.shape[1] else x[:, start : start + n]
 
 
 class BeginCall:
@@ -81,8 +87,8 @@ class EndCall:
             self.patch.pop(call)
 
 
-class CaptureGrid:
-    """Forward pre-hook on a container: its input gives the token grid of its blocks in this call."""
+class CaptureLayout:
+    """Forward pre-hook on a container: its call gives the token layout (grid, text, references) of its blocks."""
 
     def __init__(self, patch: PatchState, index: int) -> None:
         self.patch = patch
@@ -90,9 +96,9 @@ class CaptureGrid:
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         call = self.patch.current()
-        if call is None or (call.recomputing and self.index in call.grids):
+        if call is None or (call.recomputing and self.index in call.layouts):
             return
-        call.grids[self.index] = self.patch.layout.containers[self.index].grid(args, kwargs)
+        call.layouts[self.index] = self.patch.layout.containers[self.index].layout(args, kwargs)
 
 
 class PlanBlock:
@@ -127,11 +133,8 @@ class PlanBlock:
                 return None
         if call is None:  # the block runs outside a call of its denoiser (called directly): leave it alone
             return None
-        text_tokens = 0
-        if info.text is not None:
-            text = info.text(args, kwargs)
-            text_tokens = text.shape[1] if isinstance(text, torch.Tensor) else 0
-        block = BlockCall(self._decide(x, call, info), text_tokens)
+        layout = call.layouts.get(info.container)
+        block = BlockCall(self._decide(x, call, info, layout), layout)
         call.blocks[self.index] = block
         if call.recomputing or not isinstance(x, torch.Tensor) or not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
@@ -148,31 +151,31 @@ class PlanBlock:
         position = info.input.position
         return (*args[:position], x, *args[position + 1 :]), kwargs
 
-    def _decide(self, x: Any, call: CallState, info: Any):
-        grid = call.grids.get(info.container)
-        if not isinstance(x, torch.Tensor) or x.ndim != 3 or grid is None:
+    def _decide(self, x: Any, call: CallState, info: Any, layout: TokenLayout | None):
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or layout is None:
             if not call.config.is_identity and call.config.merges_level(info.level, self.patch.layout.top_level):
-                self.warnings.warn_once("could not read its (batch, tokens, channels) input or its token grid; it runs unchanged")
+                self.warnings.warn_once("could not read its (batch, tokens, channels) input or its token layout; it runs unchanged")
             return IDLE
-        if x.shape[1] != grid[0] * grid[1]:
-            self.warnings.warn_once(f"got {x.shape[1]} tokens for a {grid[0]}x{grid[1]} grid; it runs unchanged")
+        stream = layout.stream(info.layout.input_stream)
+        if x.shape[1] != stream.total:
+            self.warnings.warn_once(f"got {x.shape[1]} tokens where its call's layout ({stream}) has {stream.total}; it runs unchanged")
             return IDLE
+        grid = layout.grid
         return decide(
             call.config,
             level=info.level,
             top_level=self.patch.layout.top_level,
             grid=grid,
-            make_plan=lambda: self._plan(x, grid, call, info),
+            make_plan=lambda: self._plan(image_tokens(x, stream), grid, call, info),
         )
 
-    def _plan(self, x: torch.Tensor, grid: tuple[int, int], call: CallState, info: Any) -> MergePlan | None:
+    def _plan(self, x: torch.Tensor, grid: TokenGrid, call: CallState, info: Any) -> MergePlan | None:
         config = call.config
-        h, w = grid
-        fresh = lambda: plan_merge(x, h, w, config, info.key, call.timestep, info.plan_shared_by_batch)  # noqa: E731
+        fresh = lambda: plan_merge(x, grid, config, info.key, call.timestep, info.plan_shared_by_batch)  # noqa: E731
         if not (config.share_plan or config.reuse_steps > 1):
             return fresh()
         key = ("level", info.level) if config.share_plan else ("block", self.index)
-        shape = (x.shape[0], x.shape[1], h, w)
+        shape = (x.shape[0], x.shape[1], *grid.shape)
         if config.reuse_steps == 1 or call.recomputing:
             cached = call.level_plans.get(key)
             if cached is None or cached[0] != shape:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from ..adapters import DenoiserLayout
-from ..adapters.base import Argument
 from ..config import TokenMergeConfig
+from ..families import DenoiserLayout
+from ..families.base import Argument
 from ..planning import block_key
+from . import dispatch
 from .attention import CloseKeyValueMode, DownsampleKeysValues, DownsampleProjectionInput
-from .calls import BeginCall, CaptureGrid, EndBlock, EndCall, PlanBlock, RecomputeEntry
+from .calls import BeginCall, CaptureLayout, EndBlock, EndCall, PlanBlock, RecomputeEntry
 from .state import BlockInfo, PatchState
-from .tokens import EnterSpan, EnterSpanOnOutput, GatherRotary, LeaveSpan
+from .tokens import EnterSpan, EnterSpanOnOutput, FollowMerge, LeaveSpan
 
 STATE_ATTR = "_tokenmerge_state"
 
@@ -23,20 +24,12 @@ def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
     add(root.register_forward_pre_hook(BeginCall(patch), with_kwargs=True))
     add(root.register_forward_hook(EndCall(patch), with_kwargs=True, always_call=True))
     for c, container in enumerate(layout.containers):
-        add(container.module.register_forward_pre_hook(CaptureGrid(patch, c), with_kwargs=True))
+        add(container.module.register_forward_pre_hook(CaptureLayout(patch, c), with_kwargs=True))
         for block in container.blocks:
             index = len(patch.blocks)
-            text = Argument(block.module, block.text_name) if block.text_name else None
             patch.blocks.append(
                 BlockInfo(
-                    index,
-                    container.level,
-                    block_key(index),
-                    c,
-                    Argument(block.module, block.input_name),
-                    text,
-                    block.plan_shared_by_batch,
-                    block,
+                    index, container.level, block_key(index), c, Argument(block.module, block.input_name), block.plan_shared_by_batch, block
                 )
             )
             add(block.module.register_forward_pre_hook(PlanBlock(patch, index), with_kwargs=True))
@@ -50,14 +43,18 @@ def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
                 else:
                     mask = next((site.mask_kwarg for site in block.kv_sites if site.module is span.enter), None)
                     add(span.enter.register_forward_pre_hook(EnterSpan(patch, index, s, mask), with_kwargs=True))
-                for attention in span.rotary:
-                    add(attention.register_forward_pre_hook(GatherRotary(patch, index, s), with_kwargs=True))
+                for attention, follow in span.follows:
+                    hook = FollowMerge(patch, index, s, follow, Argument(attention, follow.argument))
+                    add(attention.register_forward_pre_hook(hook, with_kwargs=True))
                 add(span.leave.register_forward_hook(LeaveSpan(patch, index, s, span.leave_index)))
             for k, site in enumerate(block.kv_sites):
                 add(site.module.register_forward_pre_hook(DownsampleKeysValues(patch, index, k), with_kwargs=True))
                 add(site.module.register_forward_hook(CloseKeyValueMode(patch, index), with_kwargs=True, always_call=True))
                 for projection in site.projections:
                     add(projection.register_forward_pre_hook(DownsampleProjectionInput(patch, site.module)))
+    if any(block.kv_sites for block in layout.blocks):
+        dispatch.acquire()
+        patch.routes_dispatch = True
     setattr(root, STATE_ATTR, patch)
     return patch
 
@@ -68,6 +65,9 @@ def uninstall(root: torch.nn.Module, patch: PatchState) -> None:
     for module, attribute in patch.wrapped:
         if attribute in vars(module):
             delattr(module, attribute)
+    if getattr(patch, "routes_dispatch", False):
+        patch.routes_dispatch = False
+        dispatch.release()
     delattr(root, STATE_ATTR)
 
 

@@ -25,8 +25,10 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from ..algorithms import TokenLayout
 from ..config import TokenMergeConfig
 from ..planning import BlockAction
+from . import dispatch
 
 
 def in_backward() -> bool:
@@ -45,8 +47,8 @@ class BlockCall:
     """One block's decision in one call, and where its merged spans stand right now."""
 
     action: BlockAction
-    text_tokens: int = 0  # text tokens in front of the image tokens of its [text; image] spans (Flux)
-    active: dict[int, Any] = field(default_factory=dict)  # span index -> plan its input was merged with
+    layout: TokenLayout | None = None  # the call's token layout where this block runs (its streams derive from it)
+    active: dict[int, Any] = field(default_factory=dict)  # span index -> (plan, stream layout) its input was merged with
     chunk_cursor: int = 0
 
     def begin(self) -> None:
@@ -62,7 +64,7 @@ class CallState:
     config: TokenMergeConfig  # the options in force when the call began
     timestep: torch.Tensor | None
     step: int
-    grids: dict[int, tuple[int, int] | None] = field(default_factory=dict)  # container index -> (h, w)
+    layouts: dict[int, TokenLayout | None] = field(default_factory=dict)  # container index -> its tokens' layout
     blocks: dict[int, BlockCall] = field(default_factory=dict)
     level_plans: dict[tuple, Any] = field(default_factory=dict)  # share_plan: one matching per level and call
     recomputing: bool = False
@@ -100,10 +102,9 @@ class BlockInfo:
     level: int
     key: int  # of the random partition
     container: int
-    input: Any  # adapters.base.Argument: the block's image tokens
-    text: Any  # Argument of the text tokens (Flux single-stream blocks) or None
+    input: Any  # families.base.Argument: the block's input tokens (the matching is computed on their image segment)
     plan_shared_by_batch: bool
-    layout: Any  # adapters.BlockLayout
+    layout: Any  # families.BlockLayout
 
 
 class BlockWarnings:
@@ -126,10 +127,11 @@ class PatchState:
 
     def __init__(self, config: TokenMergeConfig, layout: Any) -> None:
         self.config = config
-        self.layout = layout  # adapters.DenoiserLayout
+        self.layout = layout  # families.DenoiserLayout
         self.blocks: list[BlockInfo] = []
         self.handles: list[RemovableHandle] = []
         self.wrapped: list[tuple[torch.nn.Module, str]] = []  # (module, attribute) of removable wrappers
+        self.routes_dispatch = False  # holds the diffusers dispatch route (hooks.dispatch) while installed
         self.epoch = 0
         self.__setstate__({})
 
@@ -220,6 +222,8 @@ class PatchState:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        if state.get("routes_dispatch"):  # a copy (deepcopy, pickle) of an installed patch holds the route too
+            dispatch.acquire()
         self._records: dict[tuple, weakref.ref] = {}
         self._recent: deque[CallState] = deque(maxlen=self.RECENT_CALLS)
         self._lock = threading.Lock()

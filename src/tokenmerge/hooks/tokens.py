@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..algorithms import MergePlan
+from ..algorithms import MergePlan, TokenLayout
 from .calls import first_tensor, replace_first
 from .state import BlockCall, BlockWarnings, PatchState
 
@@ -19,7 +19,7 @@ def caching_wrappers(module: torch.nn.Module) -> list[str]:
     """Names of diffusers caching hooks (PyramidAttentionBroadcast, FasterCache, ...) wrapping ``module``."""
     registry = getattr(module, "_diffusers_hook", None)
     hooks = getattr(registry, "hooks", None) or {}
-    return [type(h).__name__ for h in hooks.values() if any(word in type(h).__name__ for word in _CACHING_HOOKS)]
+    return [type(h).__name__ for h in hooks.values() if any([word in type(h).__name__ for word in _CACHING_HOOKS])]
 
 
 def refuse_caching_wrappers(module: torch.nn.Module, where: str) -> None:
@@ -44,12 +44,19 @@ class _SpanHook:
         return None if call is None else call.blocks.get(self.block)
 
 
-def _merge(plan: MergePlan, x: torch.Tensor, text: int) -> torch.Tensor:
-    return plan.merge(x) if not text else torch.cat([x[:, :text], plan.merge(x[:, text:])], dim=1)
+def _merge(plan: MergePlan, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """Merge the target image segment of ``x`` (laid out as ``layout``); every other token stays in place."""
+    start, n = layout.image_start, plan.num_tokens
+    if start == 0 and n == x.shape[1]:
+        return plan.merge(x)
+    return torch.cat([x[:, :start], plan.merge(x[:, start : start + n]), x[:, start + n :]], dim=1)
 
 
-def _unmerge(plan: MergePlan, y: torch.Tensor, text: int) -> torch.Tensor:
-    return plan.unmerge(y) if not text else torch.cat([y[:, :text], plan.unmerge(y[:, text:])], dim=1)
+def _unmerge(plan: MergePlan, y: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    start, kept = layout.image_start, plan.num_kept
+    if start == 0 and kept == y.shape[1]:
+        return plan.unmerge(y)
+    return torch.cat([y[:, :start], plan.unmerge(y[:, start : start + kept]), y[:, start + kept :]], dim=1)
 
 
 class EnterSpan(_SpanHook):
@@ -68,12 +75,13 @@ class EnterSpan(_SpanHook):
         refuse_caching_wrappers(module, f"{span.name} of transformer block {self.block}")
         return block.action.plan
 
-    def _plan_for(self, x: torch.Tensor, plan: MergePlan, block: BlockCall, text: int) -> MergePlan | None:
+    def _plan_for(self, x: torch.Tensor, plan: MergePlan, block: BlockCall, stream: TokenLayout) -> MergePlan | None:
         """The plan matching ``x``: the whole plan, or its rows when feed-forward chunking splits the batch."""
-        b, n = x.shape[0], x.shape[1] - text
-        if n != plan.num_tokens:
+        b = x.shape[0]
+        if x.shape[1] != stream.total:
             self.warnings.warn_once(
-                f"a sub-layer sees {n} of {plan.num_tokens} tokens (feed-forward chunking along the sequence); it runs unmerged"
+                f"a sub-layer sees {x.shape[1]} of the {stream.total} tokens of its stream ({stream}; feed-forward chunking "
+                "along the sequence?); it runs unmerged"
             )
             return None
         if b == plan.batch_size or plan.batch_size == 1:
@@ -84,14 +92,14 @@ class EnterSpan(_SpanHook):
 
     def _enter(self, x: Any, block: BlockCall, plan: MergePlan) -> torch.Tensor | None:
         span = self.patch.blocks[self.block].layout.spans[self.span]
-        text = block.text_tokens if span.text_first else 0
-        if not isinstance(x, torch.Tensor) or x.ndim != 3:
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or block.layout is None:
             return None
-        plan = self._plan_for(x, plan, block, text)
+        stream = block.layout.stream(span.stream)
+        plan = self._plan_for(x, plan, block, stream)
         if plan is None:
             return None
-        block.active[self.span] = plan
-        return _merge(plan, x, text)
+        block.active[self.span] = (plan, stream)
+        return _merge(plan, x, stream)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         block = self.block_call()
@@ -133,35 +141,53 @@ class LeaveSpan(_SpanHook):
 
     def __call__(self, module: torch.nn.Module, args: tuple, output: Any):
         block = self.block_call()
-        plan = None if block is None else block.active.pop(self.span, None)
-        if plan is None:
+        active = None if block is None else block.active.pop(self.span, None)
+        if active is None:
             return None
-        span = self.patch.blocks[self.block].layout.spans[self.span]
-        text = block.text_tokens if span.text_first else 0
+        plan, stream = active
         if self.index is None or not isinstance(output, (tuple, list)):
-            return _unmerge(plan, output, text)
-        restored = _unmerge(plan, output[self.index], text)
+            return _unmerge(plan, output, stream)
+        restored = _unmerge(plan, output[self.index], stream)
         return type(output)((*output[: self.index], restored, *output[self.index + 1 :]))
 
 
-class GatherRotary(_SpanHook):
-    """Pre-hook on an attention whose rotary table (``image_rotary_emb``: text rows, then image rows) must
-    follow a merge: the image rows are gathered at the kept positions (a merged token sits at its
-    destination's position). The plan is shared by the batch, as the table is."""
+class FollowMerge(_SpanHook):
+    """Pre-hook on an attention inside a merged span: the arguments declared to follow the merge (rotary tables,
+    masks over the sequence; :class:`tokenmerge.families.base.Follow`) are gathered at the kept positions of their
+    stream (a merged token sits at its destination's position; other segments keep every row). A table without a
+    batch dimension needs a plan shared by the batch (the family declares it); a batched one is gathered per sample."""
 
-    KWARG = "image_rotary_emb"
+    def __init__(self, patch: PatchState, block: int, span: int, follow: Any, argument: Any) -> None:
+        super().__init__(patch, block, span)
+        self.follow = follow  # families.base.Follow
+        self.argument = argument  # families.base.Argument of the attention's forward
+
+    def _gather(self, t: Any, plan: MergePlan, layout: TokenLayout) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        dim = self.follow.dim % t.ndim
+        if t.shape[dim] != layout.total:
+            self.warnings.warn_once(f"{self.follow.argument} has {t.shape[dim]} rows along dim {self.follow.dim}, not {layout.total}")
+            return t
+        if plan.batch_size == 1:
+            return t.index_select(dim, layout.kept_rows(plan.keep_idx[0].to(t.device)))
+        rows = torch.stack([layout.kept_rows(k) for k in plan.keep_idx.to(t.device)])  # (B, S')
+        shape = [1] * t.ndim
+        shape[0], shape[dim] = rows.shape
+        index = rows.view(shape).expand(*[rows.shape[1] if d == dim else s for d, s in enumerate(t.shape)])
+        return t.gather(dim, index)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         block = self.block_call()
-        plan = None if block is None else block.active.get(self.span)
-        table = kwargs.get(self.KWARG)
-        if plan is None or table is None:
+        active = None if block is None else block.active.get(self.span)
+        value = self.argument(args, kwargs)
+        if active is None or value is None:
             return None
-        keep = plan.keep_idx[0]
-
-        def gather(rows: torch.Tensor) -> torch.Tensor:
-            text = rows.shape[0] - plan.num_tokens
-            return torch.cat([rows[:text], rows[text:].index_select(0, keep.to(rows.device))])
-
-        gathered = tuple(gather(t) for t in table) if isinstance(table, (tuple, list)) else gather(table)
-        return args, {**kwargs, self.KWARG: gathered}
+        plan, _ = active
+        layout = block.layout.stream(self.follow.stream)
+        element = self.follow.element
+        if isinstance(value, (tuple, list)):
+            gathered = type(value)(self._gather(t, plan, layout) if element is None or i == element else t for i, t in enumerate(value))
+        else:
+            gathered = self._gather(value, plan, layout)
+        return self.argument.replace(args, kwargs, gathered)

@@ -25,16 +25,15 @@ This module imports nothing from ComfyUI; the repository's root ``__init__.py`` 
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import warnings
 from typing import Any
 
 import torch
 
-from ..adapters import ldm
-from ..algorithms import MergePlan, downsample_tokens
+from ..algorithms import MergePlan, TokenGrid, downsample_tokens
 from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig
+from ..families import ldm
 from ..planning import IDLE, block_key, decide, plan_merge
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
@@ -47,13 +46,13 @@ def _comfy_block_key(stage: int, index: int, block_index: int) -> int:
     return block_key(stage, index, block_index)
 
 
-def token_grid(original_shape: list[int] | tuple[int, ...], tokens: int) -> tuple[int, int, int] | None:
-    """(h, w, level) of a block whose input has ``tokens`` tokens, in a UNet whose input is ``original_shape``."""
-    height, width = original_shape[-2], original_shape[-1]
+def token_grid(original_shape: list[int] | tuple[int, ...], tokens: int) -> tuple[TokenGrid, int] | None:
+    """The grid and level of a block whose input has ``tokens`` tokens, in a UNet whose input is ``original_shape``."""
+    latent = TokenGrid((original_shape[-2], original_shape[-1]))
     for level in _LEVELS:
-        h, w = math.ceil(height / level), math.ceil(width / level)
-        if h * w == tokens:
-            return h, w, level
+        grid = latent.scaled(level)
+        if grid.numel == tokens:
+            return grid, level
     return None
 
 
@@ -105,8 +104,8 @@ class ComfyTokenMerge:
             local.action, local.attn1, local.attn2 = IDLE, None, None
         return local
 
-    def _grid(self, n: torch.Tensor, extra_options: dict[str, Any]) -> tuple[tuple[int, int] | None, int]:
-        """(h, w) and level of this block's tokens."""
+    def _grid(self, n: torch.Tensor, extra_options: dict[str, Any]) -> tuple[TokenGrid | None, int]:
+        """The grid and level of this block's tokens."""
         if n.ndim != 3:
             return None, 0
         found = token_grid(extra_options["original_shape"], n.shape[1])
@@ -119,8 +118,7 @@ class ComfyTokenMerge:
                     stacklevel=2,
                 )
             return None, 0
-        h, w, level = found
-        return (h, w), level
+        return found
 
     def attn1_patch(self, n: torch.Tensor, context: torch.Tensor, value: torch.Tensor, extra_options: dict[str, Any]):
         state = self._state
@@ -136,13 +134,13 @@ class ComfyTokenMerge:
             level=level,
             top_level=self.top_level,
             grid=grid,
-            make_plan=lambda: plan_merge(n, grid[0], grid[1], config, key, extra_options.get("sigmas")),
+            make_plan=lambda: plan_merge(n, grid, config, key, extra_options.get("sigmas")),
         )
         state.action = action
         if action.kv_grid is not None:
             if context is not n:  # attn1 attends to a context already (disable_self_attn)
                 return n, context, value
-            kv = downsample_tokens(n, action.kv_grid[0], action.kv_grid[1], action.kv_factor, config.kv_interpolation)
+            kv = downsample_tokens(n, action.kv_grid, action.kv_factors, config.kv_interpolation)
             return n, kv, kv if value is n else value
         if action.plan is None or not config.merge_attn:
             return n, context, value

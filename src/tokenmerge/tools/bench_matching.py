@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..algorithms import bipartite_soft_matching, grid_partition
+from ..algorithms import TokenGrid, bipartite_soft_matching, grid_partition
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -37,7 +37,7 @@ def _row(px: int, attn1: torch.nn.Module, repeats: int, blocks_per_level: int) -
     h = w = px // 8
     x = torch.randn(2, h * w, 320)
     r = h * w // 2
-    src, dst = grid_partition(h, w, 2, 2, None, x.device)
+    src, dst = grid_partition(TokenGrid((h, w)), (2, 2), None, x.device)
 
     def tomesd_path() -> None:
         merge, unmerge = tomesd.merge.bipartite_soft_matching_random2d(x, w, h, 2, 2, r, no_rand=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from . import Family
 from .base import BlockLayout, DenoiserLayout, basic_block, containers_in, has_class_named
 
 
@@ -39,4 +40,17 @@ def layout(module: torch.nn.Module) -> DenoiserLayout | None:
         found += containers_in(block, level, is_container, _block)
         if _has_module_named(block, "Upsample"):
             level //= 2
-    return DenoiserLayout(module, found, "ldm/sgm UNet") if found else None
+    return DenoiserLayout(module, found, "ldm") if found else None
+
+
+FAMILY = Family(
+    name="ldm",
+    title="ldm / sgm UNet (webui, Forge, ComfyUI)",
+    kind="unet",
+    matches=is_unet,
+    layout=layout,
+    front_ends=("webui", "forge", "comfyui"),
+    members=("ldm UNetModel", "sgm UNetModel"),
+    cross_attention=True,
+    notes="grid: each SpatialTransformer's (B, C, H, W) input; text: cross-attention only",
+)

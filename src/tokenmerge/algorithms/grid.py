@@ -1,0 +1,145 @@
+"""Token grids of any rank and the layout of a token sequence: what every algorithm and hook is told about tokens.
+
+A :class:`TokenGrid` is the shape of the image tokens before flattening (row-major): ``(height, width)`` for an
+image, ``(frames, height, width)`` for a video. A :class:`TokenLayout` says which stretches of a sequence are text,
+the generated image, or reference images (edits) — in the order the model concatenates them — so that a hook can
+reduce the image segment of any sequence and leave every other token where it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+_AXES = {1: ("width",), 2: ("height", "width"), 3: ("frames", "height", "width")}
+KINDS = ("text", "image", "reference")
+
+
+@dataclass(frozen=True)
+class TokenGrid:
+    """The shape of an image's (or video's) tokens, row-major, with named axes; ``patch`` is the latent size of one
+    token along each axis (for describing, never for computing)."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...] = ()
+    patch: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        shape = tuple([int(s) for s in self.shape])
+        if not shape or any([s < 1 for s in shape]):
+            raise ValueError(f"a token grid needs one or more axes of at least one token, got {self.shape!r}")
+        object.__setattr__(self, "shape", shape)
+        if not self.axes:
+            object.__setattr__(self, "axes", _AXES.get(len(shape), tuple([f"axis{i}" for i in range(len(shape))])))
+        if len(self.axes) != len(shape) or (self.patch and len(self.patch) != len(shape)):
+            raise ValueError(f"a token grid's axes {self.axes} and patch {self.patch} must match its shape {shape}")
+
+    @staticmethod
+    def of(value: TokenGrid | tuple[int, ...] | list[int]) -> TokenGrid:
+        """A grid from a grid or a tuple of sizes (``(h, w)``, ``(frames, h, w)``)."""
+        return value if isinstance(value, TokenGrid) else TokenGrid(tuple(value))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def spatial(self, sx: int, sy: int, leading: int = 1) -> tuple[int, ...]:
+        """A per-axis size from spatial sizes: ``sy`` on height, ``sx`` on width, ``leading`` on every axis before."""
+        if self.rank == 1:
+            return (sx,)
+        return (leading,) * (self.rank - 2) + (sy, sx)
+
+    def reduced(self, factors: tuple[int, ...]) -> TokenGrid:
+        """The grid after downsampling by ``factors`` (per axis, rounding up)."""
+        return TokenGrid(tuple([math.ceil(s / f) for s, f in zip(self.shape, factors)]), self.axes)
+
+    def scaled(self, level: int) -> TokenGrid:
+        """The grid of a UNet level downsampled ``level`` times spatially (leading axes unchanged)."""
+        return self.reduced(self.spatial(level, level))
+
+    def __str__(self) -> str:
+        return "x".join(map(str, self.shape))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of a token sequence: ``kind`` text, image (the generated one) or reference (an edit's input image,
+    with a grid of its own), ``length`` tokens."""
+
+    kind: str
+    length: int
+    grid: TokenGrid | None = None
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """The segments of a sequence in order; the first image segment is the one reduced (the target)."""
+
+    segments: tuple[Segment, ...]
+
+    @staticmethod
+    def image_only(grid: TokenGrid) -> TokenLayout:
+        return TokenLayout((Segment("image", grid.numel, grid),))
+
+    @staticmethod
+    def joint(order: tuple[str, ...], grid: TokenGrid, text: int, references: tuple[TokenGrid, ...] = ()) -> TokenLayout:
+        """[text; image; references] in ``order`` (kinds; "reference" stands for all reference segments), empty
+        segments left out."""
+        parts: list[Segment] = []
+        for kind in order:
+            if kind == "text" and text:
+                parts.append(Segment("text", text))
+            elif kind == "image":
+                parts.append(Segment("image", grid.numel, grid))
+            elif kind == "reference":
+                parts += [Segment("reference", g.numel, g) for g in references]
+        return TokenLayout(tuple(parts))
+
+    @property
+    def total(self) -> int:
+        return sum([s.length for s in self.segments])
+
+    @property
+    def target(self) -> int:
+        return [s.kind for s in self.segments].index("image")
+
+    @property
+    def grid(self) -> TokenGrid:
+        """The grid of the target image."""
+        return self.segments[self.target].grid
+
+    @property
+    def image_start(self) -> int:
+        return sum([s.length for s in self.segments[: self.target]])
+
+    @property
+    def text_tokens(self) -> int:
+        return sum([s.length for s in self.segments if s.kind == "text"])
+
+    @property
+    def references(self) -> tuple[TokenGrid, ...]:
+        return tuple([s.grid for s in self.segments if s.kind == "reference"])
+
+    def stream(self, name: str) -> TokenLayout:
+        """The layout of a stream: "joint" (this sequence) or "image" (without the text, as a dual-stream block's
+        image stream: the target and any references)."""
+        if name == "joint":
+            return self
+        return TokenLayout(tuple([s for s in self.segments if s.kind != "text"]))
+
+    def kept_rows(self, keep: torch.Tensor) -> torch.Tensor:
+        """Positions of this sequence that remain when the target image keeps ``keep`` (its own positions, in the
+        merged order): every other segment whole, in place."""
+        start = self.image_start
+        n = self.segments[self.target].length
+        device = keep.device
+        return torch.cat([torch.arange(start, device=device), start + keep, torch.arange(start + n, self.total, device=device)])
+
+    def __str__(self) -> str:
+        return " ; ".join(f"{s.kind} {s.grid if s.grid is not None else s.length}" for s in self.segments)

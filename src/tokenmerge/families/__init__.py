@@ -1,0 +1,209 @@
+"""The model families tokenmerge patches, as data: one module per family, collected in an explicit registry.
+
+Each module in this package defines ``FAMILY``, a :class:`Family`: the classes it claims (exact class names, looked
+up along a module's MRO, nearest class first) or, for UNets whose classes are too many to list, a structural test;
+how to lay out one of its denoisers for the generic hooks (:mod:`.base`); its pipelines, capabilities and an
+:class:`Example` per published model (its config, a tiny config, a pipeline's inputs) that tests and benchmarks
+build from. A
+family that cannot gain (linear attention) is registered with the reason it is refused. Adding a family means
+adding its module; nothing else lists the families (the README's matrix comes from ``tokenmerge support``).
+
+Accepted objects: a diffusers ``DiffusionPipeline`` (every component with supported blocks), a diffusers model,
+the latent-diffusion object the webui passes (``model.model.diffusion_model``) and a bare ``ldm``/``sgm``
+``UNetModel``. No model library has to be importable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..config import METHODS
+from .base import BlockLayout, Container, DenoiserLayout, KeyValueSite, Span, has_class_named
+
+__all__ = [
+    "ACCEPTED",
+    "BlockLayout",
+    "Container",
+    "DenoiserLayout",
+    "Discovery",
+    "Example",
+    "Family",
+    "KeyValueSite",
+    "Span",
+    "discover",
+    "examples",
+    "families",
+    "family_of",
+    "get",
+    "roots_of",
+]
+
+
+@dataclass(frozen=True)
+class Example:
+    """How to build one of the family's models with random weights and call it as its pipeline does.
+
+    ``cls``: the diffusers class; ``config``: the published checkpoint's config; ``small``: overrides for a tiny
+    model of the same structure; ``inputs(model, height, width, batch, seed, text_tokens)``: keyword inputs at a
+    (height, width) latent; ``blocks(config, n)``: the config with only the first ``n`` blocks; ``text_tokens``:
+    the pipeline's default text length; ``output``: how to read the denoised latent from the model's output."""
+
+    cls: str
+    config: dict[str, Any]
+    small: dict[str, Any]
+    inputs: Callable[..., dict[str, Any]]
+    text_tokens: int
+    blocks: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
+    output: Callable[[Any], torch.Tensor] | None = None
+    latent_multiple: int = 2  # latent sizes the model accepts are multiples of this
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: what it claims, how it is laid out, and what works on it."""
+
+    name: str  # registry key and bench name: "flux", "qwen-image", ...
+    title: str  # for people: "Flux.1", "Qwen-Image"
+    classes: tuple[str, ...] = ()  # model classes claimed by exact name (nearest in the MRO wins)
+    layout: Callable[[torch.nn.Module], DenoiserLayout | None] | None = None
+    matches: Callable[[torch.nn.Module], bool] | None = None  # structural test, for families without a class list
+    pipelines: tuple[str, ...] = ()  # diffusers pipelines whose denoiser is of this family
+    front_ends: tuple[str, ...] = ("diffusers",)
+    methods: tuple[str, ...] = METHODS
+    cross_attention: bool = False  # a separate text cross-attention exists (merge_crossattn means something)
+    refused: str | None = None  # why this family is not patched
+    examples: dict[str, Example] = field(default_factory=dict, hash=False, compare=False)  # bench name -> example
+    notes: str = ""  # how a call's grid, text and positions are read (support matrix, docs)
+    kind: str = "transformer"  # "unet" or "transformer"
+    members: tuple[str, ...] = field(default=())  # extra names for the matrix (ControlNets, ...)
+
+
+def _load() -> dict[str, Family]:
+    found: dict[str, Family] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name == "base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for family in getattr(module, "FAMILIES", None) or (module.FAMILY,):
+            if family.name in found:
+                raise RuntimeError(f"tokenmerge: two families are named {family.name!r}")
+            found[family.name] = family
+    claimed: dict[str, str] = {}
+    for family in found.values():
+        for cls in family.classes:
+            if cls in claimed:
+                raise RuntimeError(f"tokenmerge: {cls} is claimed by the families {claimed[cls]!r} and {family.name!r}")
+            claimed[cls] = family.name
+    return found
+
+
+_REGISTRY = _load()
+_BY_CLASS = {cls: family for family in _REGISTRY.values() for cls in family.classes}
+_STRUCTURAL = tuple(f for f in _REGISTRY.values() if f.matches is not None)
+
+
+def families() -> tuple[Family, ...]:
+    """Every registered family, in registry order (by name)."""
+    return tuple(_REGISTRY.values())
+
+
+def examples() -> dict[str, tuple[Family, Example]]:
+    """Every published model the families describe, by bench name ("sd3", "sd35", "flux", ...)."""
+    return {name: (family, example) for family in _REGISTRY.values() for name, example in family.examples.items()}
+
+
+def get(name: str) -> Family:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown model family {name!r}; families: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def family_of(module: object) -> Family | None:
+    """The family ``module`` belongs to: the one claiming the nearest class of its MRO, else the one structural
+    test that holds (two would be an error in the registry, never a silent pick)."""
+    for cls in type(module).__mro__:
+        family = _BY_CLASS.get(cls.__name__)
+        if family is not None:
+            return family
+    if not isinstance(module, torch.nn.Module):
+        return None
+    matching = [f for f in _STRUCTURAL if f.matches(module)]
+    if len(matching) > 1:
+        raise RuntimeError(f"tokenmerge: {type(module).__name__} matches the families {', '.join(f.name for f in matching)}")
+    return matching[0] if matching else None
+
+
+def _supported_titles() -> str:
+    return ", ".join(f.title for f in _REGISTRY.values() if f.refused is None)
+
+
+ACCEPTED = (
+    "a diffusers DiffusionPipeline or model of a supported family, a latent-diffusion object with .model.diffusion_model "
+    "(as the webui passes), or an ldm/sgm UNetModel"
+)
+
+
+def roots_of(model: object) -> list[torch.nn.Module]:
+    """The modules of ``model`` that may hold denoisers: a pipeline's components, the webui object's
+    ``model.diffusion_model``, or the module itself."""
+    if has_class_named(model, "DiffusionPipeline"):
+        components = getattr(model, "components", {}) or {}
+        return [m for m in components.values() if isinstance(m, torch.nn.Module)]
+    if not isinstance(model, torch.nn.Module):
+        return []
+    inner = getattr(getattr(model, "model", None), "diffusion_model", None)
+    return [inner] if isinstance(inner, torch.nn.Module) else [model]
+
+
+@dataclass
+class Discovery:
+    """What one walk over a model found: its denoisers, the torch.compile wrappers inside it, and every module
+    (so that patching acts on this walk's result instead of walking the model again)."""
+
+    layouts: list[DenoiserLayout]
+    compiled: list[str]
+    modules: list[torch.nn.Module]
+
+
+def discover(model: object) -> Discovery:
+    """Every denoiser of ``model`` with at least one supported block (one walk over its modules)."""
+    roots = roots_of(model)
+    if not roots:
+        raise TypeError(f"tokenmerge cannot patch a {type(model).__name__}; expected {ACCEPTED}")
+    layouts: list[DenoiserLayout] = []
+    refused: list[str] = []
+    claimed: set[int] = set()
+    compiled: list[str] = []
+    modules: list[torch.nn.Module] = []
+    for root in roots:
+        for name, module in root.named_modules():
+            modules.append(module)
+            if type(module).__name__ == "OptimizedModule":
+                compiled.append(name or type(module).__name__)
+            if id(module) in claimed:
+                continue
+            family = family_of(module)
+            if family is None:
+                continue
+            if family.refused is not None:
+                refused.append(f"{type(module).__name__} ({family.title}): {family.refused}")
+                claimed.update(id(m) for m in module.modules())
+                continue
+            found = family.layout(module)
+            if found is not None:
+                layouts.append(found)
+                claimed.update(id(m) for m in found.root.modules())
+    if not layouts:
+        if refused:
+            raise TypeError(f"tokenmerge does not patch {'; '.join(refused)}")
+        raise TypeError(
+            f"{type(model).__name__} has no transformer blocks that tokenmerge can patch. Supported families: "
+            f"{_supported_titles()} (`tokenmerge support` lists their classes); tokenmerge accepts {ACCEPTED}"
+        )
+    return Discovery(layouts, compiled, modules)

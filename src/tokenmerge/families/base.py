@@ -1,0 +1,401 @@
+"""What a family module tells the generic hooks about one denoiser: its containers, blocks, and where tokens flow.
+
+A family module (one per model family, see :mod:`tokenmerge.families`) finds the blocks and describes them with
+the types below, mostly through the block patterns at the end (self+cross, joint stream, single stream); the
+patcher attaches the same hooks to every family. Nothing here imports a model library: classes are recognised by
+name along the MRO.
+
+Streams: every tensor a hook sees is one of two sequences of the call's :class:`~tokenmerge.algorithms.TokenLayout`:
+``"joint"`` (the whole sequence in the model's order: text, image, references) or ``"image"`` (that sequence
+without its text: a dual-stream block's image stream). Only the target image segment is ever reduced.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..algorithms import TokenGrid, TokenLayout
+
+LayoutReader = Callable[[tuple, dict], "TokenLayout | None"]  # picklable classes (ImageGrid, IdsLayout, ...)
+STREAMS = ("image", "joint")
+
+
+def has_class_named(obj: object, *names: str) -> bool:
+    """True if any class in ``obj``'s MRO has one of ``names``: no import of the model library needed."""
+    return any(cls.__name__ in names for cls in type(obj).__mro__)
+
+
+class Argument:
+    """Reads (and replaces) argument ``name`` of ``module.forward`` in a hook's (args, kwargs), by keyword or by
+    position (its position in the class's ``forward`` signature: gradient checkpointing calls blocks positionally)."""
+
+    def __init__(self, module: torch.nn.Module, name: str) -> None:
+        params = [p for p in inspect.signature(type(module).forward).parameters.values() if p.name != "self"]
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self.name = name
+        self.position = names.index(name) if name in names else None
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if self.name in kwargs:
+            return kwargs[self.name]
+        return args[self.position] if self.position is not None and len(args) > self.position else None
+
+    def replace(self, args: tuple, kwargs: dict, value: Any) -> tuple[tuple, dict]:
+        if self.name in kwargs or self.position is None or len(args) <= self.position:
+            return args, {**kwargs, self.name: value}
+        return (*args[: self.position], value, *args[self.position + 1 :]), kwargs
+
+
+@dataclass(frozen=True)
+class Follow:
+    """An argument of an attention module that must follow a merge of its tokens: a rotary table (Flux's
+    ``image_rotary_emb``) or a mask over the sequence. Its rows along ``dim`` cover ``stream``; ``element`` picks
+    one element of a tuple argument (Qwen-Image's ``(image table, text table)``: element 0 covers the image
+    stream), ``None`` applies to the tensor or to every element of a tuple ((cos, sin))."""
+
+    argument: str
+    dim: int = 0
+    stream: str = "joint"
+    element: int | None = None
+
+
+@dataclass
+class Span:
+    """Where one merged stretch of a block begins and ends: tokens are merged on entering ``enter`` (its input, or
+    element ``enter_index`` of its output) and unmerged on leaving ``leave`` (its output, or element ``leave_index``
+    of it). ``option`` (merge_attn / merge_crossattn / merge_mlp) switches it; ``stream`` is the sequence the
+    merged tensor holds; ``follows``: (attention module, argument) pairs that must follow the merge."""
+
+    option: str
+    enter: torch.nn.Module
+    leave: torch.nn.Module
+    enter_on_output: bool = False
+    enter_index: int | None = None
+    leave_index: int | None = None
+    stream: str = "image"
+    follows: tuple[tuple[torch.nn.Module, Follow], ...] = ()
+    name: str = ""
+
+
+@dataclass
+class KeyValueSite:
+    """A self-attention (or joint attention) whose image keys and values ``method="todo"/"auto"`` downsample.
+
+    ``stream``: the sequence its keys hold (the image tokens alone, or the joint sequence). ``context_kwarg``:
+    for plain self-attention, the keyword through which a downsampled copy of the tokens can be handed to the
+    unchanged attention as its key/value source (cheapest: the key and value projections then run on fewer
+    tokens); ``projections`` does the same for a joint attention whose image keys and values have projections
+    of their own; without either, or when the projections are fused, keys and values are downsampled at the
+    attention call itself.
+    """
+
+    module: torch.nn.Module
+    stream: str = "image"
+    context_kwarg: str | None = None
+    mask_kwarg: str | None = None
+    # Key and value projections that see exactly the image tokens, with nothing position-dependent after them
+    # (SD3's to_k / to_v): their inputs can be downsampled, so that they run on fewer tokens.
+    projections: tuple[torch.nn.Module, ...] = ()
+
+
+@dataclass
+class BlockLayout:
+    """One transformer block: its spans and key/value sites, and how to read its input."""
+
+    module: torch.nn.Module
+    spans: list[Span] = field(default_factory=list)
+    kv_sites: list[KeyValueSite] = field(default_factory=list)
+    input_name: str = "hidden_states"  # the tokens the matching is computed on (their image segment)
+    input_stream: str = "image"
+    plan_shared_by_batch: bool = False  # a position table shared by the batch follows the merge (Flux)
+    recompute_method: str | None = None  # ldm/sgm: the method their own checkpoint re-runs in backward
+    kind: str = ""  # for describe(): "BasicTransformerBlock", "JointTransformerBlock", ...
+
+
+@dataclass
+class Container:
+    """A module whose blocks all see one token layout, read from its call by ``layout``; ``level`` is the grid's
+    downsampling factor relative to the denoiser's input (1 at a UNet's top level and in a transformer)."""
+
+    module: torch.nn.Module
+    blocks: list[BlockLayout]
+    level: int
+    layout: LayoutReader
+
+
+@dataclass
+class DenoiserLayout:
+    """A denoiser (UNet, transformer, ControlNet, ...) of one family and its containers, in execution order."""
+
+    root: torch.nn.Module
+    containers: list[Container]
+    family: str  # the registry name of its family
+    single_level: bool = False  # a transformer: one token grid, so max_downsample has no meaning there
+    timestep_names: tuple[str, ...] = ("timestep", "timesteps", "t")
+
+    @property
+    def top_level(self) -> int:
+        return min(c.level for c in self.containers)
+
+    @property
+    def blocks(self) -> list[BlockLayout]:
+        return [b for c in self.containers for b in c.blocks]
+
+    def timestep_reader(self) -> Argument | None:
+        """A reader of the timestep argument of the root's class ``forward`` (the class's, not the instance's:
+        a wrapper that replaced ``forward`` with ``*args, **kwargs`` must not hide it)."""
+        params = inspect.signature(type(self.root).forward).parameters
+        name = next((n for n in self.timestep_names if n in params), None)
+        return None if name is None else Argument(self.root, name)
+
+
+# -- readers of a call's token layout -----------------------------------------------------------------------------
+def config_int(module: torch.nn.Module, name: str, default: int) -> int:
+    config = getattr(module, "config", None)
+    value = getattr(config, name, None) if config is not None else None
+    return default if value is None else int(value)
+
+
+class ImageGrid:
+    """The image tokens alone: (H // p, W // p) of a (B, C, H, W) first input (``hidden_states`` / ``x`` /
+    ``sample``); with ``text`` (a root argument) and ``order``, the joint sequence of a transformer whose blocks
+    concatenate the text themselves (SD3: [image; text])."""
+
+    def __init__(self, patch_size: int = 1, text: Argument | None = None, order: tuple[str, ...] = ("image",)) -> None:
+        self.patch_size = patch_size
+        self.text = text
+        self.order = order
+
+    def __call__(self, args: tuple, kwargs: dict) -> TokenLayout | None:
+        x = args[0] if args else next((kwargs[k] for k in ("hidden_states", "x", "sample") if k in kwargs), None)
+        if not isinstance(x, torch.Tensor) or x.ndim != 4:
+            return None
+        p = self.patch_size
+        grid = TokenGrid((x.shape[-2] // p, x.shape[-1] // p), patch=(p, p))
+        if self.text is None:
+            return TokenLayout.image_only(grid)
+        return TokenLayout.joint(self.order, grid, text_length(self.text(args, kwargs)))
+
+
+def text_length(text: Any) -> int:
+    """Tokens of a (B, S, C) text tensor (0 for None)."""
+    return text.shape[1] if isinstance(text, torch.Tensor) and text.ndim == 3 else 0
+
+
+# -- block patterns ----------------------------------------------------------------------------------------------
+def attention_self_kwargs(attention: torch.nn.Module) -> tuple[str | None, str | None]:
+    """(context keyword, mask keyword) that this attention class's forward takes, if any."""
+    params = inspect.signature(type(attention).forward).parameters
+    context = next((n for n in ("encoder_hidden_states", "context") if n in params), None)
+    mask = next((n for n in ("attention_mask", "mask") if n in params), None)
+    return context, mask
+
+
+def basic_block(module: torch.nn.Module, recompute_method: str | None = None) -> BlockLayout:
+    """Self-attention, cross-attention, MLP (``BasicTransformerBlock`` of diffusers, ldm, sgm; PixArt's blocks):
+    attn1 / attn2 / ff, each a merged span of its own; attn1's keys and values are downsampled."""
+    spans: list[Span] = []
+    for name, option in (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merge_mlp")):
+        sub = getattr(module, name, None)
+        if isinstance(sub, torch.nn.Module):
+            spans.append(Span(option, sub, sub, name=name))
+    kv_sites = []
+    attn1 = getattr(module, "attn1", None)
+    if isinstance(attn1, torch.nn.Module):
+        context, mask = attention_self_kwargs(attn1)
+        kv_sites.append(KeyValueSite(attn1, context_kwarg=context, mask_kwarg=mask))
+    input_name = "hidden_states" if "hidden_states" in inspect.signature(type(module).forward).parameters else "x"
+    return BlockLayout(module, spans, kv_sites, input_name=input_name, recompute_method=recompute_method, kind=type(module).__name__)
+
+
+def _module(block: torch.nn.Module, name: str | None) -> torch.nn.Module | None:
+    found = getattr(block, name, None) if name else None
+    return found if isinstance(found, torch.nn.Module) else None
+
+
+def key_value_projections(attention: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    """An attention's image key and value projections where the text has projections of its own
+    (``add_k_proj`` / ``add_v_proj``) and only a per-token qk-norm follows (SD3): their inputs can be downsampled."""
+    projections = tuple(getattr(attention, name, None) for name in ("to_k", "to_v"))
+    return projections if all(isinstance(p, torch.nn.Module) for p in projections) else ()
+
+
+def joint_block(
+    block: torch.nn.Module,
+    *,
+    attention: str = "attn",
+    attention_output: int | None = 0,
+    image_attention: str | None = None,
+    mlps: tuple[str, ...] = ("ff",),
+    follows: tuple[Follow, ...] = (),
+    projections: bool = False,
+    shared_by_batch: bool = False,
+) -> BlockLayout:
+    """A dual-stream block (MMDiT): image and text streams with their own weights meet in one joint attention.
+
+    The image stream is merged around ``attention`` (its image output is element ``attention_output``), around an
+    image-only ``image_attention`` (SD3.5's attn2) and around each image MLP in ``mlps``; the text stream runs as it
+    is. ``follows``: the attention's arguments that must follow the merge (rotary tables, masks); ``projections``:
+    the image key/value projections may see downsampled tokens (SD3)."""
+    attn = getattr(block, attention)
+    bound = tuple((attn, f) for f in follows)
+    spans = [Span("merge_attn", attn, attn, leave_index=attention_output, follows=bound, name=attention)]
+    kv = [KeyValueSite(attn, stream="joint", projections=key_value_projections(attn) if projections else ())]
+    second = _module(block, image_attention)
+    if second is not None:
+        spans.append(Span("merge_attn", second, second, name=image_attention))
+        kv.append(KeyValueSite(second, stream="image", projections=key_value_projections(second) if projections else ()))
+    for name in mlps:
+        mlp = _module(block, name)
+        if mlp is not None:
+            spans.append(Span("merge_mlp", mlp, mlp, name=name))
+    return BlockLayout(block, spans, kv, plan_shared_by_batch=shared_by_batch, kind=type(block).__name__)
+
+
+def single_stream_block(
+    block: torch.nn.Module,
+    *,
+    enter: str = "norm",
+    enter_index: int | None = 0,
+    leave: str = "proj_out",
+    attention: str = "attn",
+    input_stream: str = "image",
+    follows: tuple[Follow, ...] = (),
+    shared_by_batch: bool = False,
+) -> BlockLayout:
+    """A single-stream block (Flux's): attention and MLP in parallel on one normalised joint sequence, merged from
+    ``enter``'s output (element ``enter_index``) to ``leave``'s output. ``input_stream``: what the block's
+    ``hidden_states`` hold (the image alone, when the block concatenates the text itself, or the joint sequence)."""
+    attn = getattr(block, attention)
+    span = Span(
+        "merge_attn",
+        getattr(block, enter),
+        getattr(block, leave),
+        enter_on_output=True,
+        enter_index=enter_index,
+        stream="joint",
+        follows=tuple((attn, f) for f in follows),
+        name="attn+mlp",
+    )
+    return BlockLayout(
+        block,
+        [span],
+        [KeyValueSite(attn, stream="joint")],
+        input_stream=input_stream,
+        plan_shared_by_batch=shared_by_batch,
+        kind=type(block).__name__,
+    )
+
+
+def fused_parallel_block(
+    block: torch.nn.Module,
+    *,
+    attention: str = "attn",
+    input_stream: str = "joint",
+    follows: tuple[Follow, ...] = (),
+    shared_by_batch: bool = False,
+) -> BlockLayout:
+    """A single-stream block whose MLP is fused into its attention module (Flux.2's parallel self-attention): the
+    module takes the normalised joint sequence and returns attention and MLP together, so one span covers it."""
+    attn = getattr(block, attention)
+    span = Span("merge_attn", attn, attn, stream="joint", follows=tuple((attn, f) for f in follows), name=f"{attention} (+mlp)")
+    return BlockLayout(
+        block,
+        [span],
+        [KeyValueSite(attn, stream="joint")],
+        input_stream=input_stream,
+        plan_shared_by_batch=shared_by_batch,
+        kind=type(block).__name__,
+    )
+
+
+def containers_in(
+    block: torch.nn.Module | None,
+    level: int,
+    is_container: Callable[[torch.nn.Module], bool],
+    make_block: Callable[[torch.nn.Module], BlockLayout],
+) -> list[Container]:
+    """The spatial transformers inside one UNet block, all at that block's resolution ``level``."""
+    if block is None:
+        return []
+    found = []
+    for m in block.modules():
+        if is_container(m):
+            blocks = [make_block(b) for b in spatial_blocks(m)]
+            if blocks:
+                found.append(Container(m, blocks, level, ImageGrid()))
+    return found
+
+
+def spatial_blocks(container: torch.nn.Module) -> list[torch.nn.Module]:
+    """The spatial ``BasicTransformerBlock``s of a container (temporal blocks have other classes)."""
+    blocks = getattr(container, "transformer_blocks", None) or []
+    return [b for b in blocks if has_class_named(b, "BasicTransformerBlock")]
+
+
+class IdsLayout:
+    """The layout of a call whose image tokens carry position ids (Flux.1, Flux.2, Chroma): ``ids`` (S, k) or
+    (B, S, k) rows with the token's row and column in columns ``row`` / ``col`` and, in column ``segment``, which
+    image it belongs to (the target, then reference images for edits, as Kontext and Flux.2 append them). The text
+    length is read from ``text``. One host sync per distinct ids tensor (pipelines pass the same one every step)."""
+
+    def __init__(
+        self,
+        root: torch.nn.Module,
+        order: tuple[str, ...],
+        ids: str = "img_ids",
+        text: str = "encoder_hidden_states",
+        tokens: str = "hidden_states",
+        row: int = 1,
+        col: int = 2,
+        segment: int = 0,
+    ) -> None:
+        self.ids, self.text, self.tokens = Argument(root, ids), Argument(root, text), Argument(root, tokens)
+        self.order, self.row, self.col, self.segment = order, row, col, segment
+        self.warned = False
+        self._last: tuple[tuple, tuple[TokenGrid, ...] | None] | None = None
+
+    def _grids(self, ids: torch.Tensor) -> tuple[TokenGrid, ...] | None:
+        rows = ids[:, [self.segment, self.row, self.col]].round().long().tolist()
+        grids, start = [], 0
+        while start < len(rows):
+            end = start
+            while end < len(rows) and rows[end][0] == rows[start][0]:
+                end += 1
+            part = rows[start:end]
+            r0, c0 = min(r for _, r, _ in part), min(c for _, _, c in part)
+            h, w = max(r for _, r, _ in part) - r0 + 1, max(c for _, _, c in part) - c0 + 1
+            if h * w != len(part) or any((r - r0) * w + (c - c0) != i for i, (_, r, c) in enumerate(part)):
+                return None
+            grids.append(TokenGrid((h, w)))
+            start = end
+        return tuple(grids)
+
+    def __call__(self, args: tuple, kwargs: dict) -> TokenLayout | None:
+        ids, x = self.ids(args, kwargs), self.tokens(args, kwargs)
+        if not isinstance(ids, torch.Tensor) or not isinstance(x, torch.Tensor) or x.ndim != 3:
+            return None
+        if ids.ndim == 3:
+            ids = ids[0]
+        key = (ids.data_ptr(), ids._version, tuple(ids.shape), str(ids.device))
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self._grids(ids) if ids.shape[0] == x.shape[1] else None)
+        grids = self._last[1]
+        if grids is None:
+            if not self.warned:
+                self.warned = True
+                warnings.warn(
+                    f"tokenmerge: the {x.shape[1]} image tokens' ids do not form row-major grids (one per image); such calls run unchanged",
+                    stacklevel=2,
+                )
+            return None
+        return TokenLayout.joint(self.order, grids[0], text_length(self.text(args, kwargs)), grids[1:])
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "warned": False, "_last": None}

@@ -1,0 +1,217 @@
+"""The conformance suite: every registered transformer family, every method, on a tiny config of its real classes.
+
+A family ships only if it passes: identity options bit-identical; removal leaves no hook or attribute; keys and
+values reduced (todo/auto) or image tokens merged (tome) as configured, and nothing else — text and reference
+tokens keep their keys, checked against a reference computation on vanilla's keys; deterministic; batch 1-3 and
+an image's result independent of its batch; odd, non-square grids; keyword and positional calls; deepcopy and
+pickle; torch.compile. Parametrised over ``tokenmerge.families.examples()``: a new family is tested by adding it.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import pickle
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import tokenmerge
+from tokenmerge.algorithms import TokenGrid, nearest_indices
+from tokenmerge.families import examples
+from tokenmerge.tools.architectures import build_model, transformer_inputs, transformer_output
+
+EXAMPLES = tuple(examples())
+METHODS = {
+    "tome": dict(ratio=0.5),
+    "todo": dict(method="todo", kv_factor=2),
+    "auto": dict(method="auto", auto_max_keys=16, auto_min_tokens=16),
+}
+TEXT = 5
+LATENT = (18, 14)  # a 9x7 token grid: odd and not square
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs")
+_MODELS: dict[str, torch.nn.Module] = {}
+
+
+def model_of(name: str) -> torch.nn.Module:
+    if name not in _MODELS:
+        _MODELS[name] = build_model(name, small=True)
+    return _MODELS[name]
+
+
+def inputs_of(name: str, batch: int = 2, seed: int = 0, latent: tuple[int, int] = LATENT) -> dict:
+    return transformer_inputs(model_of(name), name, *latent, batch=batch, seed=seed, text_tokens=TEXT)
+
+
+def run(name: str, inputs: dict, model: torch.nn.Module | None = None) -> torch.Tensor:
+    with torch.no_grad():
+        return transformer_output(name, (model if model is not None else model_of(name))(**inputs))
+
+
+class AttentionCalls(TorchFunctionMode):
+    """(query, key) of every scaled_dot_product_attention call, (B, H, S, D)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            q = args[0] if args else kwargs["query"]
+            k = args[1] if len(args) > 1 else kwargs["key"]
+            self.calls.append((q.detach().clone(), k.detach().clone()))
+        return func(*args, **kwargs)
+
+
+def attention_calls(name: str, inputs: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    mode = AttentionCalls()
+    with mode:
+        run(name, inputs)
+    return mode.calls
+
+
+def call_layout(name: str, inputs: dict):
+    """The joint token layout of this call, as the patch reads it (its first container's reader)."""
+    (state,) = [s for _, s in tokenmerge.hooks.states_in([model_of(name)])]
+    return state.layout.containers[0].layout((), inputs)
+
+
+def _hooks(model: torch.nn.Module) -> int:
+    return sum(len(getattr(m, d)) for m in model.modules() for d in HOOK_DICTS)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_identity_options_are_bit_identical_and_removal_leaves_nothing(name):
+    model, inputs = model_of(name), inputs_of(name)
+    vanilla = run(name, inputs)
+    hooks, attributes = _hooks(model), {id(m): set(vars(m)) for m in model.modules()}
+    processors = {id(m): type(getattr(m, "processor", None)) for m in model.modules()}
+    for options in (dict(ratio=0.0), dict(method="todo", kv_factor=1)):
+        with tokenmerge.patched(model, **options):
+            assert torch.equal(run(name, inputs), vanilla)
+    for options in METHODS.values():
+        with tokenmerge.patched(model, **options):
+            assert not torch.equal(run(name, inputs), vanilla), f"{options} changes nothing"
+    assert torch.equal(run(name, inputs), vanilla)
+    assert _hooks(model) == hooks and {id(m): set(vars(m)) for m in model.modules()} == attributes
+    assert {id(m): type(getattr(m, "processor", None)) for m in model.modules()} == processors
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("method", ["todo", "auto"])
+def test_keys_and_values_of_the_image_only_are_downsampled(name, method):
+    """Every self/joint attention gets the image keys at the positions nearest-exact keeps and every other key (text,
+    references) as it was; the first one is compared with vanilla's keys (same inputs up to there)."""
+    inputs = inputs_of(name)
+    vanilla = attention_calls(name, inputs)
+    with tokenmerge.patched(model_of(name), **METHODS[method]):
+        layout = call_layout(name, inputs)
+        patched = attention_calls(name, inputs)
+    grid = layout.grid
+    keep = nearest_indices(grid, (2, 2), "nearest-exact", torch.device("cpu"))
+    assert len(patched) == len(vanilla)
+    reduced = 0
+    for (q0, k0), (q, k) in zip(vanilla, patched):
+        assert q.shape == q0.shape  # queries keep every token
+        if k0.shape[-2] == q0.shape[-2] and k0.shape[-2] >= grid.numel:  # a self or joint attention over the image
+            assert k.shape[-2] == k0.shape[-2] - grid.numel + keep.numel()
+            reduced += 1
+        else:
+            assert k.shape == k0.shape
+    assert reduced
+    (q0, k0), (_, k) = vanilla[0], patched[0]
+    stream = layout if k0.shape[-2] == layout.total else layout.stream("image")
+    assert k0.shape[-2] == stream.total
+    start = stream.image_start
+    image = k0[..., start : start + grid.numel, :].index_select(-2, keep)
+    expected = torch.cat([k0[..., :start, :], image, k0[..., start + grid.numel :, :]], dim=-2)
+    assert torch.equal(k, expected)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_tome_merges_the_image_tokens_only(name):
+    inputs = inputs_of(name)
+    vanilla = attention_calls(name, inputs)
+    with tokenmerge.patched(model_of(name), ratio=0.5):
+        grid = call_layout(name, inputs).grid
+        patched = attention_calls(name, inputs)
+    r = int(grid.numel * 0.5)
+    merged = 0
+    for (q0, k0), (q, k) in zip(vanilla, patched):
+        if k0.shape[-2] == q0.shape[-2] and q0.shape[-2] >= grid.numel:
+            assert q.shape[-2] == k.shape[-2] == q0.shape[-2] - r  # r image tokens fewer; text and references all there
+            merged += 1
+    assert merged
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("method", list(METHODS))
+def test_deterministic_batch_independent_and_any_batch_size(name, method):
+    with tokenmerge.patched(model_of(name), seed=3, **METHODS[method]):
+        for batch in (1, 2, 3):
+            inputs = inputs_of(name, batch=batch, seed=batch)
+            first = run(name, inputs)
+            run(name, inputs_of(name, seed=9))
+            assert torch.equal(run(name, inputs), first)
+        single = inputs_of(name, batch=1, seed=7)
+        double = {
+            k: (torch.cat([v, v]) if isinstance(v, torch.Tensor) and inputs_of(name, batch=2)[k].shape != v.shape else v)
+            for k, v in single.items()
+        }
+        gap = (run(name, double)[:1] - run(name, single)).abs().max().item()
+    assert gap < 1e-4
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("method", ["tome", "todo"])
+def test_positional_calls_deepcopy_and_pickle(name, method):
+    model, inputs = model_of(name), inputs_of(name)
+    with tokenmerge.patched(model, **METHODS[method]):
+        expected = run(name, inputs)
+        params = [p for p in inspect.signature(type(model).forward).parameters if p != "self"]
+        count = next((i for i, p in enumerate(params) if p not in inputs), len(params))
+        args = tuple(inputs[p] for p in params[:count])
+        rest = {k: v for k, v in inputs.items() if k not in params[:count]}
+        with torch.no_grad():
+            assert torch.equal(transformer_output(name, model(*args, **rest)), expected)
+        clone = copy.deepcopy(model)
+        assert torch.equal(run(name, inputs, clone), expected)
+        loaded = pickle.loads(pickle.dumps(model))
+        assert torch.equal(run(name, inputs, loaded), expected)
+    assert tokenmerge.get_config(clone) is not None
+    tokenmerge.remove_patch(clone)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("method", list(METHODS))
+def test_compiles(name, method):
+    model, inputs = model_of(name), inputs_of(name, latent=(16, 16))
+    with tokenmerge.patched(model, **METHODS[method]):
+        try:
+            eager = run(name, inputs)
+            compiled = run(name, inputs, torch.compile(model, backend="eager"))
+        finally:
+            torch._dynamo.reset()
+    torch.testing.assert_close(compiled, eager)
+
+
+def test_every_transformer_family_has_an_example_in_the_suite():
+    from tokenmerge.families import families
+
+    patchable = [f.name for f in families() if f.refused is None and f.kind == "transformer"]
+    assert patchable and all(examples_of(f) for f in patchable)
+
+
+def examples_of(family: str) -> list[str]:
+    return [name for name, (f, _) in examples().items() if f.name == family]
+
+
+def test_token_grid_of_a_layout_is_the_patch_grid():
+    assert call_layout_free() == TokenGrid((9, 7))
+
+
+def call_layout_free():
+    with tokenmerge.patched(model_of("flux"), ratio=0.5):
+        return call_layout("flux", inputs_of("flux")).grid
