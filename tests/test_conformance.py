@@ -180,8 +180,9 @@ def test_positional_calls_deepcopy_and_pickle(name, method):
         assert torch.equal(run(name, inputs, clone), expected)
         loaded = pickle.loads(pickle.dumps(model))
         assert torch.equal(run(name, inputs, loaded), expected)
-    assert tokenmerge.get_config(clone) is not None
+    assert tokenmerge.get_config(clone) is not None and tokenmerge.get_config(loaded) is not None
     tokenmerge.remove_patch(clone)
+    tokenmerge.remove_patch(loaded)
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -215,3 +216,24 @@ def test_token_grid_of_a_layout_is_the_patch_grid():
 def call_layout_free():
     with tokenmerge.patched(model_of("flux"), ratio=0.5):
         return call_layout("flux", inputs_of("flux")).grid
+
+
+def _pipelines() -> list[tuple[str, str]]:
+    return [(name, pipeline) for name, (family, _) in examples().items() for pipeline in family.pipelines[:1]]
+
+
+@pytest.mark.parametrize("name,pipeline", _pipelines())
+def test_the_family_pipeline_is_patched_whole(name, pipeline):
+    """The family's diffusers pipeline, built around its tiny transformer (no encoders, VAE or scheduler needed to
+    patch): apply_patch on the pipeline patches the transformer, remove_patch takes it off."""
+    import diffusers
+
+    cls = getattr(diffusers, pipeline)
+    params = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+    model = build_model(name, small=True)
+    slot = next(p for p in params if p in ("transformer", "unet"))
+    pipe = cls(**{p: None for p in params if p != slot}, **{slot: model})
+    tokenmerge.apply_patch(pipe, method="auto")
+    assert tokenmerge.get_config(model) is not None and tokenmerge.get_config(pipe).method == "auto"
+    tokenmerge.remove_patch(pipe)
+    assert tokenmerge.get_config(model) is None

@@ -12,6 +12,7 @@ import torch
 from .config import DEFAULTS, TOMESD_PARAMETERS, TokenMergeConfig, check_option_names
 from .families import discover, get, roots_of
 from .hooks import PatchState, install, states_in, states_of, uninstall
+from .hooks.attention import projections_fused
 
 
 def _patched_states(model: Any) -> list[tuple[torch.nn.Module, PatchState]]:
@@ -50,6 +51,36 @@ def _warn_if_ineffective(states: list[PatchState], config: TokenMergeConfig) -> 
         warnings.warn(
             f"tokenmerge: no transformer block is merged: max_downsample={config.max_downsample} but this model's "
             f"attention blocks sit at downsampling factors {levels}; use max_downsample=None (auto) or >= {levels[0]}",
+            stacklevel=3,
+        )
+
+
+# Attention processors that compute attention with their own kernel, outside torch's SDPA and diffusers' dispatch:
+# the two routes key/value downsampling reaches (tokenmerge.hooks.attention, tokenmerge.hooks.dispatch).
+_OWN_KERNELS = ("XFormers", "NPU", "FlashAttn", "SlicedAttn", "AttnProcessor2_5")
+
+
+def _warn_if_unreachable(states: list[PatchState], config: TokenMergeConfig) -> None:
+    """todo/auto on attention that bypasses both routes would silently do nothing there: say so at apply time."""
+    if config.method == "tome" or config.is_identity:
+        return
+    found = sorted(
+        {
+            type(site.module.processor).__name__
+            for s in states
+            for b in s.layout.blocks
+            for site in b.kv_sites
+            # A self-attention handed its keys and values by keyword is reduced whatever its processor.
+            if (site.context_kwarg is None or projections_fused(site.module))
+            and any(word in type(getattr(site.module, "processor", None)).__name__ for word in _OWN_KERNELS)
+        }
+    )
+    if found:
+        warnings.warn(
+            f"tokenmerge: method={config.method!r} downsamples keys and values at torch's scaled_dot_product_attention or "
+            f"diffusers' dispatch_attention_fn; the attention processor(s) {', '.join(found)} compute attention another way, "
+            "so their keys and values stay full (set the default processor, e.g. pipe.unet.set_default_attn_processor(), "
+            "or use method='tome')",
             stacklevel=3,
         )
 
@@ -117,6 +148,7 @@ def apply_patch(
         uninstall(root, patch)
     states = [install(layout, config) for layout in found.layouts]
     _warn_if_ineffective(states, config)
+    _warn_if_unreachable(states, config)
     if found.compiled:
         warnings.warn(
             f"tokenmerge: {', '.join(found.compiled)} is already wrapped by torch.compile; graphs compiled before this patch "
@@ -149,6 +181,7 @@ def update_options(model: Any, **changes: Any) -> TokenMergeConfig:
     for state in states:
         state.set_config(config)
     _warn_if_ineffective(states, config)
+    _warn_if_unreachable(states, config)
     return config
 
 

@@ -114,11 +114,20 @@ def transformer_inputs(
 
 
 def transformer_output(name: str, output: Any) -> torch.Tensor:
-    """The denoised latent of a transformer's output."""
+    """The denoised latent of a transformer's output (as its family's example reads it)."""
     example = examples()[name][1]
-    if example.output is not None:
-        return example.output(output)
-    return output if isinstance(output, torch.Tensor) else output[0] if isinstance(output, tuple) else output.sample
+    return example.output(output) if example.output is not None else denoised(output)
+
+
+def denoised(output: Any) -> torch.Tensor:
+    """The tensor of a model's output: ``.sample``, the first element of a tuple, or a list of samples stacked."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "sample"):
+        output = output.sample
+    elif isinstance(output, tuple):
+        output = output[0]
+    return torch.stack(list(output)) if isinstance(output, list) else output
 
 
 def build_unet(name: str, small: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

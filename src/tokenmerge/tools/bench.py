@@ -28,7 +28,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import describe, patched
-from .architectures import TRANSFORMERS, UNETS, VAE_FACTOR, build_model, transformer_inputs, unet_inputs
+from ..families import examples
+from .architectures import TRANSFORMERS, UNETS, VAE_FACTOR, build_model, denoised, transformer_inputs, unet_inputs
 from .progress import progress_bar
 from .specs import PatchSpec, available
 
@@ -140,7 +141,7 @@ def peak_memory(device: torch.device) -> Iterator[list[float]]:
 def _forward(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
     with torch.inference_mode():
         if "sample" not in inputs:  # a transformer
-            return model(**inputs).sample
+            return denoised(model(**inputs))
         # A UNet: positional sample/timestep/context, as tomesd reads the latent size from the first positional argument.
         extra = {k: v for k, v in inputs.items() if k not in ("sample", "timestep", "encoder_hidden_states")}
         return model(inputs["sample"], inputs["timestep"], inputs["encoder_hidden_states"], **extra).sample
@@ -332,11 +333,12 @@ def describe_model(model: str, small: bool, blocks: int | None) -> str:
     kind = "UNet" if model in UNETS else "transformer"
     label = f"{model}{' (small)' if small else ''} {kind}"
     if blocks is not None:
-        label += (
-            f", first {blocks} double + {2 * blocks} single blocks at full width"
-            if model == "flux"
-            else f", first {blocks} blocks at full width"
+        example = examples()[model][1]
+        config = example.blocks(example.config, blocks) if example.blocks else example.config
+        counts = " + ".join(
+            f"{v} {k.replace('num_', '').replace('_', ' ')}" for k, v in config.items() if "layers" in k and isinstance(v, int)
         )
+        label += f", first {blocks} blocks at full width ({counts})"
     return label
 
 

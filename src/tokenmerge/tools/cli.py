@@ -1,5 +1,6 @@
-"""Command line: ``tokenmerge bench`` (speed and fidelity on built-in SD architectures) and ``tokenmerge eval``
-(image quality on the trained reference model or a local pipeline)."""
+"""Command line: ``tokenmerge bench`` (speed and fidelity on built-in architectures), ``tokenmerge eval`` (image
+quality on the trained reference models or a local pipeline), ``tokenmerge train-reference`` and
+``tokenmerge support`` (the support matrix from the family registry)."""
 
 from __future__ import annotations
 
@@ -138,6 +139,16 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _support(args: argparse.Namespace) -> int:
+    from .support import matrix, write_readme
+
+    if args.write_readme:
+        print(f"{args.write_readme}: {'updated' if write_readme(args.write_readme) else 'already current'}")
+        return 0
+    print(matrix(notes=args.notes))
+    return 0
+
+
 def _positive_size(value: str) -> int:
     size = int(value)
     if size < 64 or size % 64:
@@ -161,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--blocks",
         type=int,
-        help="transformers: keep only the first N blocks at full width (flux: N double + 2N single), where the whole model "
+        help="transformers: keep only the first N blocks at full width (as the family counts them: flux N double + 2N single, "
+        "flux2 N double + N single), where the whole model "
         "does not fit in memory or time; the per-block speed-up carries over",
     )
     bench.add_argument("--sizes", type=_positive_size, nargs="+", default=[512], help="image sizes in px (latent = px/8); default 512")
@@ -276,6 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-finish", dest="finish", action="store_false", help="skip the final measurements, sample grid and model card")
     tr.add_argument("--finish-only", action="store_true", help="only measure the run's weights and write its model card")
     tr.set_defaults(func=_train)
+    support = commands.add_parser(
+        "support",
+        help="print the support matrix (model family x method x front end, with the classes) from the family registry",
+    )
+    support.add_argument("--notes", action="store_true", help="add how each family's token grid, text and positions are read")
+    support.add_argument("--write-readme", metavar="README", help="replace the matrix between the README's markers instead of printing")
+    support.set_defaults(func=_support)
     return parser
 
 
