@@ -40,8 +40,21 @@ def model_of(name: str) -> torch.nn.Module:
     return _MODELS[name]
 
 
-def inputs_of(name: str, batch: int = 2, seed: int = 0, latent: tuple[int, int] = LATENT) -> dict:
-    return transformer_inputs(model_of(name), name, *latent, batch=batch, seed=seed, text_tokens=TEXT)
+def inputs_of(name: str, batch: int = 2, seed: int = 0, latent: tuple[int, int] = LATENT, references: bool = False) -> dict:
+    if not references:
+        return transformer_inputs(model_of(name), name, *latent, batch=batch, seed=seed, text_tokens=TEXT)
+    # Reference images (edits) of their own sizes: a 2x3 and a 3x2 token grid.
+    return examples()[name][1].inputs(model_of(name), *latent, batch, seed, TEXT, references=((2, 3), (3, 2)))
+
+
+def _with_references() -> list:
+    """(example, references) pairs: every example, and again with reference images where its family has them."""
+    found = []
+    for name, (_, example) in examples().items():
+        found.append(pytest.param(name, False, id=name))
+        if "references" in inspect.signature(example.inputs).parameters:
+            found.append(pytest.param(name, True, id=f"{name}-references"))
+    return found
 
 
 def run(name: str, inputs: dict, model: torch.nn.Module | None = None) -> torch.Tensor:
@@ -99,30 +112,32 @@ def test_identity_options_are_bit_identical_and_removal_leaves_nothing(name):
     assert {id(m): type(getattr(m, "processor", None)) for m in model.modules()} == processors
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("name,references", _with_references())
 @pytest.mark.parametrize("method", ["todo", "auto"])
-def test_keys_and_values_of_the_image_only_are_downsampled(name, method):
+def test_keys_and_values_of_the_image_only_are_downsampled(name, references, method):
     """Every self/joint attention gets the image keys at the positions nearest-exact keeps and every other key (text,
     references) as it was; the first one is compared with vanilla's keys (same inputs up to there)."""
-    inputs = inputs_of(name)
+    inputs = inputs_of(name, references=references)
     vanilla = attention_calls(name, inputs)
     with tokenmerge.patched(model_of(name), **METHODS[method]):
         layout = call_layout(name, inputs)
         patched = attention_calls(name, inputs)
     grid = layout.grid
+    assert bool(layout.references) == references
     keep = nearest_indices(grid, (2, 2), "nearest-exact", torch.device("cpu"))
     assert len(patched) == len(vanilla)
-    reduced = 0
-    for (q0, k0), (q, k) in zip(vanilla, patched):
+    reduced = []
+    for i, ((q0, k0), (q, k)) in enumerate(zip(vanilla, patched)):
         assert q.shape == q0.shape  # queries keep every token
         if k0.shape[-2] == q0.shape[-2] and k0.shape[-2] >= grid.numel:  # a self or joint attention over the image
             assert k.shape[-2] == k0.shape[-2] - grid.numel + keep.numel()
-            reduced += 1
+            reduced.append(i)
         else:
             assert k.shape == k0.shape
     assert reduced
-    (q0, k0), (_, k) = vanilla[0], patched[0]
-    stream = layout if k0.shape[-2] == layout.total else layout.stream("image")
+    # The first reduced attention saw vanilla's inputs (every attention before it is unchanged).
+    (q0, k0), (_, k) = vanilla[reduced[0]], patched[reduced[0]]
+    stream = next(layout.stream(s) for s in ("joint", "image", "target") if layout.stream(s).total == k0.shape[-2])
     assert k0.shape[-2] == stream.total
     start = stream.image_start
     image = k0[..., start : start + grid.numel, :].index_select(-2, keep)
@@ -130,9 +145,9 @@ def test_keys_and_values_of_the_image_only_are_downsampled(name, method):
     assert torch.equal(k, expected)
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
-def test_tome_merges_the_image_tokens_only(name):
-    inputs = inputs_of(name)
+@pytest.mark.parametrize("name,references", _with_references())
+def test_tome_merges_the_image_tokens_only(name, references):
+    inputs = inputs_of(name, references=references)
     vanilla = attention_calls(name, inputs)
     with tokenmerge.patched(model_of(name), ratio=0.5):
         grid = call_layout(name, inputs).grid
@@ -155,13 +170,21 @@ def test_deterministic_batch_independent_and_any_batch_size(name, method):
             first = run(name, inputs)
             run(name, inputs_of(name, seed=9))
             assert torch.equal(run(name, inputs), first)
-        single = inputs_of(name, batch=1, seed=7)
-        double = {
-            k: (torch.cat([v, v]) if isinstance(v, torch.Tensor) and inputs_of(name, batch=2)[k].shape != v.shape else v)
-            for k, v in single.items()
-        }
+        single, pair = inputs_of(name, batch=1, seed=7), inputs_of(name, batch=2)
+        double = {k: _doubled(v, pair[k]) for k, v in single.items()}
         gap = (run(name, double)[:1] - run(name, single)).abs().max().item()
     assert gap < 1e-4
+
+
+def _doubled(value, pair):
+    """A batch-1 input as a batch of two identical samples, along the axis where the batch sits (HiDream's Llama
+    states are (layers, B, tokens, C)); a per-sample list (Z-Image's latents) twice as long."""
+    if isinstance(value, list) and isinstance(pair, list) and len(pair) == 2 * len(value):
+        return value + value
+    if not isinstance(value, torch.Tensor):
+        return value
+    dims = [d for d, (a, b) in enumerate(zip(pair.shape, value.shape)) if a != b]
+    return torch.cat([value, value], dims[0]) if dims else value
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -237,3 +260,30 @@ def test_the_family_pipeline_is_patched_whole(name, pipeline):
     assert tokenmerge.get_config(model) is not None and tokenmerge.get_config(pipe).method == "auto"
     tokenmerge.remove_patch(pipe)
     assert tokenmerge.get_config(model) is None
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("method", ["tome", "todo"])
+def test_gradient_checkpointing_gives_the_gradients_of_the_plain_forward(name, method):
+    model = build_model(name, small=True)
+    if not model._supports_gradient_checkpointing:
+        pytest.skip(f"{type(model).__name__} has no gradient checkpointing")
+    inputs = inputs_of(name)
+    key = next(k for k in ("hidden_states", "x") if k in inputs)
+
+    def gradients() -> list[torch.Tensor]:
+        found = []
+        for checkpointing in (False, True):
+            model.disable_gradient_checkpointing() if not checkpointing else model.enable_gradient_checkpointing()
+            x = (torch.stack(inputs[key]) if isinstance(inputs[key], list) else inputs[key]).clone().requires_grad_()
+            given = list(x.unbind()) if isinstance(inputs[key], list) else x
+            transformer_output(name, model(**{**inputs, key: given})).square().mean().backward()
+            found.append(x.grad)
+        return found
+
+    plain, checkpointed = gradients()
+    if not torch.allclose(plain, checkpointed, rtol=1e-4, atol=1e-6):
+        pytest.skip(f"{type(model).__name__}'s own checkpointed forward differs from its plain one (upstream)")
+    with tokenmerge.patched(model, **METHODS[method]):
+        plain, checkpointed = gradients()
+    torch.testing.assert_close(checkpointed, plain)

@@ -100,7 +100,7 @@ def plan_merge(
     the merge, as Flux's rotary table), matched on the mean of the samples' normalised tokens, with the
     first sample's timestep for the random partition.
     """
-    metric = batch_metric(x) if shared_by_batch else x
+    metric = batch_metric(x.detach()) if shared_by_batch else x
     if shared_by_batch and timestep is not None:
         timestep = timestep.flatten()[:1]
     window = window_of(config, grid)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 _AXES = {1: ("width",), 2: ("height", "width"), 3: ("frames", "height", "width")}
-KINDS = ("text", "image", "reference")
+KINDS = ("text", "image", "reference", "padding")
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,9 @@ class TokenGrid:
 
 @dataclass(frozen=True)
 class Segment:
-    """A stretch of a token sequence: ``kind`` text, image (the generated one) or reference (an edit's input image,
-    with a grid of its own), ``length`` tokens."""
+    """A stretch of a token sequence: ``kind`` text, image (the generated one), reference (an edit's input image,
+    with a grid of its own) or padding (rows a model pads the image to, as HiDream's), ``length`` tokens. Only
+    the (first) image segment is ever reduced."""
 
     kind: str
     length: int
@@ -88,9 +89,9 @@ class TokenLayout:
         return TokenLayout((Segment("image", grid.numel, grid),))
 
     @staticmethod
-    def joint(order: tuple[str, ...], grid: TokenGrid, text: int, references: tuple[TokenGrid, ...] = ()) -> TokenLayout:
-        """[text; image; references] in ``order`` (kinds; "reference" stands for all reference segments), empty
-        segments left out."""
+    def joint(order: tuple[str, ...], grid: TokenGrid, text: int, references: tuple[TokenGrid | int, ...] = ()) -> TokenLayout:
+        """[text; image; references] in ``order`` (kinds; "reference" stands for all reference segments, each a grid
+        or a token count), empty segments left out."""
         parts: list[Segment] = []
         for kind in order:
             if kind == "text" and text:
@@ -98,7 +99,7 @@ class TokenLayout:
             elif kind == "image":
                 parts.append(Segment("image", grid.numel, grid))
             elif kind == "reference":
-                parts += [Segment("reference", g.numel, g) for g in references]
+                parts += [Segment("reference", g, None) if isinstance(g, int) else Segment("reference", g.numel, g) for g in references]
         return TokenLayout(tuple(parts))
 
     @property
@@ -127,10 +128,13 @@ class TokenLayout:
         return tuple([s.grid for s in self.segments if s.kind == "reference"])
 
     def stream(self, name: str) -> TokenLayout:
-        """The layout of a stream: "joint" (this sequence) or "image" (without the text, as a dual-stream block's
-        image stream: the target and any references)."""
+        """The layout of a stream: "joint" (this sequence), "image" (without the text, as a dual-stream block's
+        image stream: the target and any references) or "target" (the target image alone, as Flux.3's per-mode
+        blocks see it)."""
         if name == "joint":
             return self
+        if name == "target":
+            return TokenLayout((self.segments[self.target],))
         return TokenLayout(tuple([s for s in self.segments if s.kind != "text"]))
 
     def kept_rows(self, keep: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,10 @@ the types below, mostly through the block patterns at the end (self+cross, joint
 patcher attaches the same hooks to every family. Nothing here imports a model library: classes are recognised by
 name along the MRO.
 
-Streams: every tensor a hook sees is one of two sequences of the call's :class:`~tokenmerge.algorithms.TokenLayout`:
-``"joint"`` (the whole sequence in the model's order: text, image, references) or ``"image"`` (that sequence
-without its text: a dual-stream block's image stream). Only the target image segment is ever reduced.
+Streams: every tensor a hook sees is one of the sequences of the call's :class:`~tokenmerge.algorithms.TokenLayout`:
+``"joint"`` (the whole sequence in the model's order: text, image, references), ``"image"`` (that sequence without
+its text: a dual-stream block's image stream) or ``"target"`` (the generated image's tokens alone). Only the target
+image segment is ever reduced.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from ..algorithms import TokenGrid, TokenLayout
 
 LayoutReader = Callable[[tuple, dict], "TokenLayout | None"]  # picklable classes (ImageGrid, IdsLayout, ...)
-STREAMS = ("image", "joint")
+STREAMS = ("image", "joint", "target")
 
 
 def has_class_named(obj: object, *names: str) -> bool:

@@ -1,0 +1,163 @@
+"""Lumina-Image 2.0 (``Lumina2Transformer2DModel``): a single-stream DiT over [caption; image].
+
+The root takes the (B, C, H, W) latent, the caption (B, L, D), right-padded, and its (B, L) mask. The main
+``layers`` see, per sample, [valid caption c_i; image N (row-major over 2x2 patches)] and zero padding up to
+max c_i + N, masked by a (B, S) ``attention_mask`` only where the c_i differ. So the image's offset is c_i: one
+layout per call exists only when every sample has the same caption length (one prompt: the pipeline's calls,
+cond and uncond separately, with ``num_images_per_prompt`` copies). A call whose samples have captions of
+different lengths runs unchanged, with a one-time warning (a layout holds one offset per call, not per sample).
+The lengths are read with one host sync per call (the model reads them itself, too).
+
+Patched: the main ``layers`` (joint stream) and the image-only ``noise_refiner`` (image stream); the
+caption-only ``context_refiner`` runs as it is. The attention's queries, keys and values all come from
+``norm1``'s output (passed as both ``hidden_states`` and ``encoder_hidden_states``), so the attention span is
+merged from ``norm1``'s output (element 0) to the attention's output; the feed-forward is a span of its own.
+Rotary positions (``image_rotary_emb``, (B, S, head_dim / 2) complex, per sample) are applied to queries and
+keys inside the processor and follow a merge per sample, as does the key-padding mask. The processor calls
+torch's ``scaled_dot_product_attention`` itself: keys and values are downsampled there, after the rotary and the
+grouped-query repeat.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from ..algorithms import TokenGrid, TokenLayout
+from . import Example, Family
+from .base import Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span, config_int, text_length
+
+
+def block(module: torch.nn.Module, stream: str) -> BlockLayout:
+    """A ``Lumina2TransformerBlock``: attention from ``norm1``'s output (element 0 of its tuple where the block is
+    modulated) to ``attn``'s output, and the feed-forward, each a merged span over ``stream``."""
+    attn, mlp = module.attn, module.feed_forward
+    follows = ((attn, Follow("image_rotary_emb", dim=1, stream=stream)), (attn, Follow("attention_mask", dim=-1, stream=stream)))
+    index = 0 if getattr(module, "modulation", True) else None
+    spans = [
+        Span("merge_attn", module.norm1, attn, enter_on_output=True, enter_index=index, stream=stream, follows=follows, name="norm1+attn"),
+        Span("merge_mlp", mlp, mlp, stream=stream, name="feed_forward"),
+    ]
+    return BlockLayout(module, spans, [KeyValueSite(attn, stream=stream)], input_stream=stream, kind=type(module).__name__)
+
+
+class Lumina2Layout:
+    """[text c; image] of a call whose samples all have c valid caption tokens (``encoder_attention_mask``); the
+    grid from ``hidden_states`` (B, C, H, W) over ``patch_size`` patches. ``None`` (once warned) where the
+    samples' caption lengths differ."""
+
+    def __init__(self, root: torch.nn.Module) -> None:
+        self.tokens, self.text = Argument(root, "hidden_states"), Argument(root, "encoder_hidden_states")
+        self.mask = Argument(root, "encoder_attention_mask")
+        self.patch_size = config_int(root, "patch_size", 2)
+        self.warned = False
+
+    def __call__(self, args: tuple, kwargs: dict) -> TokenLayout | None:
+        x, mask = self.tokens(args, kwargs), self.mask(args, kwargs)
+        if not isinstance(x, torch.Tensor) or x.ndim != 4:
+            return None
+        if isinstance(mask, torch.Tensor) and mask.ndim == 2:
+            lengths = set(mask.sum(1).tolist())
+        else:
+            lengths = {text_length(self.text(args, kwargs))}
+        if len(lengths) != 1:
+            if not self.warned:
+                self.warned = True
+                warnings.warn(
+                    f"tokenmerge: Lumina2 calls whose samples have captions of different lengths ({sorted(lengths)} tokens) "
+                    "run unchanged: the image starts after each sample's caption, at an offset of its own",
+                    stacklevel=2,
+                )
+            return None
+        p = self.patch_size
+        grid = TokenGrid((x.shape[-2] // p, x.shape[-1] // p), patch=(p, p))
+        return TokenLayout.joint(("text", "image"), grid, int(lengths.pop()))
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "warned": False}
+
+
+def layout(module: torch.nn.Module) -> DenoiserLayout | None:
+    blocks = [block(b, "image") for b in getattr(module, "noise_refiner", [])]
+    blocks += [block(b, "joint") for b in getattr(module, "layers", [])]
+    if not blocks:
+        return None
+    return DenoiserLayout(module, [Container(module, blocks, 1, Lumina2Layout(module))], "lumina2", single_level=True)
+
+
+def inputs(
+    model: torch.nn.Module,
+    height: int,
+    width: int,
+    batch: int,
+    seed: int,
+    text_tokens: int,
+    lengths: tuple[int, ...] | None = None,
+) -> dict[str, Any]:
+    """The Lumina2 pipeline's call at a (height, width) latent: the caption padded to ``text_tokens`` (right
+    padding) with its 0/1 mask; ``lengths``: each sample's valid tokens (all ``text_tokens`` by default)."""
+    config, g, dtype = model.config, torch.Generator().manual_seed(seed), model.dtype
+    lengths = tuple(lengths) if lengths is not None else (text_tokens,) * batch
+    mask = torch.zeros(batch, max(text_tokens, *lengths), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    return {
+        "hidden_states": torch.randn(batch, config.in_channels, height, width, generator=g).to(dtype),
+        "timestep": torch.full((batch,), 0.5),
+        "encoder_hidden_states": torch.randn(batch, mask.shape[1], config.cap_feat_dim, generator=g).to(dtype),
+        "encoder_attention_mask": mask,
+    }
+
+
+def first_blocks(config: dict[str, Any], n: int) -> dict[str, Any]:
+    """The first ``n`` main layers (the refiners stay: they run before the main layers)."""
+    return {**config, "num_layers": min(n, config["num_layers"])}
+
+
+# transformer/config.json of Alpha-VLLM/Lumina-Image-2.0.
+CONFIG = {
+    "sample_size": 128,
+    "patch_size": 2,
+    "in_channels": 16,
+    "out_channels": None,
+    "hidden_size": 2304,
+    "num_layers": 26,
+    "num_refiner_layers": 2,
+    "num_attention_heads": 24,
+    "num_kv_heads": 8,
+    "multiple_of": 256,
+    "ffn_dim_multiplier": None,
+    "norm_eps": 1e-5,
+    "scaling_factor": 1.0,
+    "axes_dim_rope": (32, 32, 32),
+    "axes_lens": (300, 512, 512),
+    "cap_feat_dim": 2304,
+}
+SMALL = {
+    "sample_size": 16,
+    "in_channels": 4,
+    "hidden_size": 24,
+    "num_layers": 2,
+    "num_refiner_layers": 1,
+    "num_attention_heads": 3,
+    "num_kv_heads": 1,
+    "multiple_of": 2,
+    "axes_dim_rope": (4, 2, 2),  # sum = head_dim
+    "axes_lens": (128, 128, 128),  # axis 0 > the caption length; axes 1, 2 >= the token grid
+    "cap_feat_dim": 32,
+}
+FAMILY = Family(
+    name="lumina2",
+    title="Lumina-Image 2.0",
+    classes=("Lumina2Transformer2DModel",),
+    layout=layout,
+    pipelines=("Lumina2Pipeline",),
+    # 256: the pipeline's max_sequence_length (the caption is padded to it; the sequence holds its valid tokens).
+    examples={"lumina2": Example("Lumina2Transformer2DModel", CONFIG, SMALL, inputs, 256, first_blocks)},
+    notes="grid: hidden_states (B, C, H, W) / patch_size; text: the valid caption tokens (encoder_attention_mask, one "
+    "host read per call), first; calls whose samples' caption lengths differ run unchanged; main layers (joint) and "
+    "noise_refiner (image) patched, context_refiner not; rotary: image_rotary_emb (B, S, D/2) complex gathered per "
+    "sample; keys and values downsampled at torch's scaled_dot_product_attention",
+)
