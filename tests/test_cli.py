@@ -70,7 +70,7 @@ def test_bench_runs_the_transformers_with_their_attention_share(model, tmp_path,
 
 def test_bench_labels_a_transformer_with_fewer_blocks(capsys):
     assert main(["bench", "--model", "flux", "--small", "--blocks", "1", "--sizes", "64", "--repeats", "0", "--variants", "auto"]) == 0
-    assert "first 1 double + 2 single blocks at full width" in capsys.readouterr().out
+    assert "its first blocks at full width (num_layers=1, num_single_layers=2)" in capsys.readouterr().out
 
 
 def test_bench_whole_sampling_loops_with_accelerators(tmp_path, capsys):

@@ -4,6 +4,8 @@ and Qwen-Image 2.1's refusal."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -11,6 +13,7 @@ from torch.overrides import TorchFunctionMode
 import tokenmerge
 from tokenmerge.algorithms import nearest_indices
 from tokenmerge.families import family_of, get
+from tokenmerge.families.base import DECLINED
 from tokenmerge.families.qwenimage import SMALL
 from tokenmerge.families.qwenimage import inputs as qwen_inputs
 from tokenmerge.tools.architectures import build_model
@@ -153,10 +156,16 @@ def test_a_batch_whose_samples_have_different_img_shapes_runs_unchanged(model):
     inputs["img_shapes"] = [[(1, 6, 5)], [(1, 5, 6)]]  # the model's rotary table comes from the first sample only
     vanilla, _ = run(model, inputs)
     with tokenmerge.patched(model, ratio=0.5):
-        with pytest.warns(UserWarning, match="different img_shapes"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             out, _ = run(model, inputs)
-        assert layout_of(model, inputs) is None
+            run(model, inputs)
+        assert layout_of(model, inputs) is DECLINED
     assert torch.equal(out, vanilla)
+    # One warning saying why, not one per block or per call.
+    assert [str(w.message) for w in caught if "tokenmerge" in str(w.message)] == [
+        f"tokenmerge: Qwen-Image: the samples of a batch have different img_shapes ({inputs['img_shapes']!r}); such calls run unchanged"
+    ]
 
 
 def test_flat_img_shapes_are_one_segment_per_sample(model):
@@ -175,7 +184,7 @@ def test_img_shapes_that_miss_tokens_run_unchanged(model):
     inputs["img_shapes"] = [[(1, 5, 5)]]
     with tokenmerge.patched(model, method="todo", kv_factor=2):
         with pytest.warns(UserWarning, match="do not add up"):
-            assert layout_of(model, inputs) is None
+            assert layout_of(model, inputs) is DECLINED
 
 
 @pytest.mark.parametrize("options", [dict(ratio=0.5), dict(method="todo", kv_factor=2)])

@@ -13,6 +13,7 @@ from torch.overrides import TorchFunctionMode
 import tokenmerge
 from tokenmerge.algorithms import Segment
 from tokenmerge.families import lumina2, zimage
+from tokenmerge.families.base import DECLINED
 from tokenmerge.tools.architectures import build_model, transformer_inputs, transformer_output
 
 METHODS = {"tome": dict(ratio=0.5), "todo": dict(method="todo", kv_factor=2)}
@@ -133,7 +134,7 @@ def test_lumina2_captions_of_different_lengths_run_unchanged_with_a_warning(meth
     with tokenmerge.patched(model_of("lumina2"), **METHODS[method]):
         with pytest.warns(UserWarning, match="different lengths"):
             assert torch.equal(run("lumina2", inputs), vanilla)
-        assert layout_of("lumina2", inputs) is None
+        assert layout_of("lumina2", inputs) is DECLINED
 
 
 @pytest.mark.parametrize("method", list(METHODS))

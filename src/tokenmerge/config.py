@@ -159,6 +159,12 @@ class TokenMergeConfig:
                 stacklevel=stacklevel,
             )
 
+    def warn_if_ignored(self, stacklevel: int = 3) -> None:
+        """Warn about options set away from their defaults that the chosen method does not use."""
+        changed = [f"{name}={getattr(self, name)!r}" for name in ignored_by(self.method) if getattr(self, name) != getattr(DEFAULTS, name)]
+        if changed:
+            warnings.warn(f"tokenmerge: method={self.method!r} does not use {', '.join(changed)}; it has no effect", stacklevel=stacklevel)
+
     @property
     def is_identity(self) -> bool:
         """True when these options leave every block unchanged (ratio 0 for tome, factor 1 for todo)."""
@@ -185,6 +191,18 @@ class TokenMergeConfig:
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TokenMergeConfig))
+# Options only one kind of method reads: ToMe's matching, token downsampling's factor and interpolation, auto's budget.
+_TOME_ONLY = ("ratio", "sx", "sy", "use_rand", "merge_crossattn", "merge_mlp", "seed", "share_plan", "reuse_steps", "match_dtype")
+_AUTO_ONLY = ("auto_max_keys", "auto_min_tokens")
+
+
+def ignored_by(method: str) -> tuple[str, ...]:
+    """The options ``method`` does not read."""
+    if method == "tome":
+        return ("kv_factor", "kv_interpolation", *_AUTO_ONLY)
+    return _TOME_ONLY + (("kv_factor",) if method == "auto" else _AUTO_ONLY)
+
+
 DEFAULTS = TokenMergeConfig()
 # tomesd 0.1.3's positional parameters, in its order; every other option is keyword-only.
 TOMESD_PARAMETERS = ("ratio", "max_downsample", "sx", "sy", "use_rand", "merge_attn", "merge_crossattn", "merge_mlp")

@@ -7,7 +7,7 @@ from typing import Any
 
 from .algorithms import TokenGrid
 from .config import TokenMergeConfig
-from .families import get, roots_of
+from .families import discover, get, roots_of
 from .hooks import PatchState, states_in
 from .planning import kv_factor_for, merge_count
 
@@ -47,13 +47,16 @@ class DenoiserDescription:
 @dataclass(frozen=True)
 class PatchDescription:
     denoisers: tuple[DenoiserDescription, ...]
+    unsupported: str | None = None  # why tokenmerge cannot patch the model, when it is not patched for that reason
 
     @property
     def config(self) -> TokenMergeConfig | None:
         return self.denoisers[0].config if self.denoisers else None
 
     def __str__(self) -> str:
-        return "\n".join(map(str, self.denoisers)) if self.denoisers else "not patched by tokenmerge"
+        if self.denoisers:
+            return "\n".join(map(str, self.denoisers))
+        return f"not supported by tokenmerge: {self.unsupported}" if self.unsupported else "not patched by tokenmerge"
 
     __repr__ = __str__
 
@@ -92,4 +95,10 @@ def describe(model: Any, grid: TokenGrid | tuple[int, ...] | None = None) -> Pat
     """Which blocks a patch reaches and what each does; with ``grid`` (the token grid of the highest-resolution
     level: the latent's (h, w) for a UNet, the patch grid for a transformer), what each does at that size."""
     found = None if grid is None else TokenGrid.of(grid)
-    return PatchDescription(tuple(_describe(patch, found) for _, patch in states_in(roots_of(model))))
+    states = states_in(roots_of(model))
+    if not states:
+        try:
+            discover(model)
+        except TypeError as error:
+            return PatchDescription((), unsupported=str(error))
+    return PatchDescription(tuple(_describe(patch, found) for _, patch in states))

@@ -44,6 +44,7 @@ def _all_modules(model: Any) -> list[torch.nn.Module]:
 
 def _warn_if_ineffective(states: list[PatchState], config: TokenMergeConfig) -> None:
     config.warn_if_capped(stacklevel=4)
+    config.warn_if_ignored(stacklevel=4)
     levels = sorted({b.level for s in states for b in s.blocks})
     if not config.is_identity and not any(
         config.merges_level(level, s.layout.top_level) for s in states for level in {b.level for b in s.blocks}

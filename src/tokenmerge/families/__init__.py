@@ -174,7 +174,14 @@ class Discovery:
 def discover(model: object) -> Discovery:
     """Every denoiser of ``model`` with at least one supported block (one walk over its modules)."""
     roots = roots_of(model)
+    pipeline = has_class_named(model, "DiffusionPipeline")
     if not roots:
+        if pipeline:
+            names = ", ".join(f"{k} ({type(v).__name__})" for k, v in (getattr(model, "components", {}) or {}).items() if v is not None)
+            raise TypeError(
+                f"{type(model).__name__} holds no model to patch (its components: {names or 'none'}); tokenmerge patches a "
+                "pipeline's transformer or UNet (and its ControlNets)"
+            )
         raise TypeError(f"tokenmerge cannot patch a {type(model).__name__}; expected {ACCEPTED}")
     layouts: list[DenoiserLayout] = []
     refused: list[str] = []
@@ -202,8 +209,12 @@ def discover(model: object) -> Discovery:
     if not layouts:
         if refused:
             raise TypeError(f"tokenmerge does not patch {'; '.join(refused)}")
+        what = type(model).__name__
+        if pipeline:
+            components = getattr(model, "components", {}) or {}
+            what = f"{what}'s " + ", ".join(f"{k} ({type(v).__name__})" for k, v in components.items() if isinstance(v, torch.nn.Module))
         raise TypeError(
-            f"{type(model).__name__} has no transformer blocks that tokenmerge can patch. Supported families: "
+            f"{what} has no transformer blocks that tokenmerge can patch. Supported families: "
             f"{_supported_titles()} (`tokenmerge support` lists their classes); tokenmerge accepts {ACCEPTED}"
         )
     return Discovery(layouts, compiled, modules)

@@ -23,7 +23,18 @@ import torch
 
 from ..algorithms import TokenGrid, TokenLayout
 
-LayoutReader = Callable[[tuple, dict], "TokenLayout | None"]  # picklable classes (ImageGrid, IdsLayout, ...)
+LayoutReader = Callable[[tuple, dict], "TokenLayout | Declined | None"]  # picklable classes (ImageGrid, IdsLayout, ...)
+
+
+class Declined:
+    """What a layout reader returns for a call it will not lay out and has said why (its own one-time warning):
+    the call runs unchanged and its blocks do not warn again (``None`` means "could not read", and they do)."""
+
+    def __reduce__(self) -> str:
+        return "DECLINED"
+
+
+DECLINED = Declined()
 STREAMS = ("image", "joint", "target")
 
 
@@ -395,7 +406,7 @@ class IdsLayout:
                     f"tokenmerge: the {x.shape[1]} image tokens' ids do not form row-major grids (one per image); such calls run unchanged",
                     stacklevel=2,
                 )
-            return None
+            return DECLINED
         return TokenLayout.joint(self.order, grids[0], text_length(self.text(args, kwargs)), grids[1:])
 
     def __getstate__(self) -> dict:

@@ -19,7 +19,7 @@ import torch
 
 from ..algorithms import TokenLayout
 from . import Example, Family
-from .base import Argument, Container, DenoiserLayout, Follow, IdsLayout, fused_parallel_block, joint_block
+from .base import DECLINED, Argument, Container, DenoiserLayout, Follow, IdsLayout, fused_parallel_block, joint_block
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="joint")
 
@@ -36,7 +36,7 @@ class Flux2Layout(IdsLayout):
             if not self.warned:
                 self.warned = True
                 warnings.warn("tokenmerge: Flux.2 calls with a key/value cache (kv_cache_mode) run unchanged", stacklevel=2)
-            return None
+            return DECLINED
         return super().__call__(args, kwargs)
 
 

@@ -34,7 +34,7 @@ import torch
 
 from ..algorithms import Segment, TokenGrid, TokenLayout
 from . import Example, Family
-from .base import Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span, config_int, joint_block
+from .base import DECLINED, Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span, config_int, joint_block
 
 ROTARY = Follow("image_rotary_emb", dim=1, stream="joint")
 IMAGE_MASK = Follow("hidden_states_masks", dim=1, stream="image")  # dual-stream blocks: the mask covers the image stream
@@ -71,7 +71,7 @@ class HiDreamLayout:
                     "tokenmerge: HiDream calls with pre-patchified hidden_states (hidden_states_masks, img_ids, img_sizes) run unchanged",
                     stacklevel=2,
                 )
-            return None
+            return DECLINED
         p = self.patch_size
         grid = TokenGrid((x.shape[-2] // p, x.shape[-1] // p), patch=(p, p))
         padding = self.max_seq - grid.numel if x.shape[-2] != x.shape[-1] else 0

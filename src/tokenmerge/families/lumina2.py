@@ -27,7 +27,7 @@ import torch
 
 from ..algorithms import TokenGrid, TokenLayout
 from . import Example, Family
-from .base import Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span, config_int, text_length
+from .base import DECLINED, Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span, config_int, text_length
 
 
 def block(module: torch.nn.Module, stream: str) -> BlockLayout:
@@ -70,7 +70,7 @@ class Lumina2Layout:
                     "run unchanged: the image starts after each sample's caption, at an offset of its own",
                     stacklevel=2,
                 )
-            return None
+            return DECLINED
         p = self.patch_size
         grid = TokenGrid((x.shape[-2] // p, x.shape[-1] // p), patch=(p, p))
         return TokenLayout.joint(("text", "image"), grid, int(lengths.pop()))

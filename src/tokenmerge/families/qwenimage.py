@@ -37,7 +37,7 @@ import torch
 
 from ..algorithms import TokenGrid, TokenLayout
 from . import Example, Family
-from .base import Argument, Container, DenoiserLayout, Follow, config_int, joint_block, text_length
+from .base import DECLINED, Argument, Container, DenoiserLayout, Follow, config_int, joint_block, text_length
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="image", element=0)
 
@@ -91,14 +91,14 @@ class ImageShapes:
         samples = [_segments(entry) for entry in shapes]
         if any(s is None for s in samples):
             self._warn("unreadable", f"img_shapes {shapes!r} is not a list of (frames, height, width) per sample")
-            return None
+            return DECLINED
         first = samples[0]
         if any(s != first for s in samples[1:]):
             self._warn("mixed", f"the samples of a batch have different img_shapes ({shapes!r})")
-            return None
+            return DECLINED
         if sum(math.prod(s) for s in first) != x.shape[1]:
             self._warn("tokens", f"img_shapes {list(first)} do not add up to the {x.shape[1]} image tokens of hidden_states")
-            return None
+            return DECLINED
         grids = [self._grid(s) for s in first]
         return TokenLayout.joint(("text", "image", "reference"), grids[0], text_length(self.text(args, kwargs)), tuple(grids[1:]))
 

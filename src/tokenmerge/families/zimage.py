@@ -30,7 +30,7 @@ import torch
 
 from ..algorithms import Segment, TokenGrid, TokenLayout
 from . import Example, Family
-from .base import Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span
+from .base import DECLINED, Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span
 
 SEQ_MULTI_OF = 32  # diffusers' transformer_z_image.SEQ_MULTI_OF: image and caption lengths are padded to it
 # The kind of the image's padding rows: neither text (the image stream holds them) nor a reference image (no grid,
@@ -77,11 +77,11 @@ class ZImageLayout:
             return None
         if isinstance(x[0], (list, tuple)):
             self._warn("omni", "omni calls (condition images, SigLIP features: [caption; images] per sample)")
-            return None
+            return DECLINED
         shapes = {tuple(image.shape) for image in x}
         if len(shapes) != 1 or len(next(iter(shapes))) != 4:
             self._warn("sizes", f"calls whose images differ in size ({sorted(shapes)})")
-            return None
+            return DECLINED
         _, f, h, w = next(iter(shapes))
         p, pf = self.patch(args, kwargs) or 2, self.f_patch(args, kwargs) or 1
         shape, patch = ((h // p, w // p), (p, p)) if f // pf == 1 else ((f // pf, h // p, w // p), (pf, p, p))

@@ -7,7 +7,9 @@ from typing import Any
 import torch
 
 from ..algorithms import MergePlan, TokenGrid, TokenLayout
-from ..planning import IDLE, decide, plan_merge
+from ..config import TokenMergeConfig
+from ..families.base import Declined
+from ..planning import IDLE, decide, merge_count, plan_merge
 from .state import BlockCall, BlockWarnings, CallState, PatchState, in_backward
 
 _INPUT_NAMES = ("hidden_states", "x", "sample")
@@ -98,7 +100,11 @@ class CaptureLayout:
         call = self.patch.current()
         if call is None or (call.recomputing and self.index in call.layouts):
             return
-        call.layouts[self.index] = self.patch.layout.containers[self.index].layout(args, kwargs)
+        found = self.patch.layout.containers[self.index].layout(args, kwargs)
+        if isinstance(found, Declined):  # the reader said why already: no warning per block
+            call.declined.add(self.index)
+            found = None
+        call.layouts[self.index] = found
 
 
 class PlanBlock:
@@ -153,7 +159,8 @@ class PlanBlock:
 
     def _decide(self, x: Any, call: CallState, info: Any, layout: TokenLayout | None):
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or layout is None:
-            if not call.config.is_identity and call.config.merges_level(info.level, self.patch.layout.top_level):
+            quiet = layout is None and info.container in call.declined
+            if not quiet and not call.config.is_identity and call.config.merges_level(info.level, self.patch.layout.top_level):
                 self.warnings.warn_once("could not read its (batch, tokens, channels) input or its token layout; it runs unchanged")
             return IDLE
         stream = layout.stream(info.layout.input_stream)
@@ -161,13 +168,31 @@ class PlanBlock:
             self.warnings.warn_once(f"got {x.shape[1]} tokens where its call's layout ({stream}) has {stream.total}; it runs unchanged")
             return IDLE
         grid = layout.grid
-        return decide(
+        action = decide(
             call.config,
             level=info.level,
             top_level=self.patch.layout.top_level,
             grid=grid,
             make_plan=lambda: self._plan(image_tokens(x, stream), grid, call, info),
         )
+        self._warn_if_void(call.config, grid, action, info)
+        return action
+
+    def _warn_if_void(self, config: TokenMergeConfig, grid: TokenGrid, action: Any, info: Any) -> None:
+        """Options that reach this block but cannot act on its grid are said once, with the effective value."""
+        if config.is_identity or not config.merges_level(info.level, self.patch.layout.top_level):
+            return
+        if config.method == "tome" and action.idle and merge_count(config, grid) == 0:
+            self.warnings.warn_once(
+                f"its {grid} token grid holds no whole sy x sx = {config.sy}x{config.sx} destination window: nothing is "
+                "merged (effective ratio 0); use smaller sx / sy"
+            )
+        elif action.kv_grid is not None and any(f > s for f, s in zip(action.kv_factors, grid.shape)):
+            kept = grid.reduced(action.kv_factors)
+            self.warnings.warn_once(
+                f"key/value factor {action.kv_factor} exceeds a side of its {grid} token grid: its {grid.numel} keys "
+                f"become {kept.numel} ({kept})"
+            )
 
     def _plan(self, x: torch.Tensor, grid: TokenGrid, call: CallState, info: Any) -> MergePlan | None:
         config = call.config

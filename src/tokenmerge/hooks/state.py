@@ -65,6 +65,7 @@ class CallState:
     timestep: torch.Tensor | None
     step: int
     layouts: dict[int, TokenLayout | None] = field(default_factory=dict)  # container index -> its tokens' layout
+    declined: set[int] = field(default_factory=set)  # containers whose reader declined this call (and said why)
     blocks: dict[int, BlockCall] = field(default_factory=dict)
     level_plans: dict[tuple, Any] = field(default_factory=dict)  # share_plan: one matching per level and call
     recomputing: bool = False

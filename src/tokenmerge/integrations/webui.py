@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig
+from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig, ignored_by
 from ..patch import apply_patch, remove_patch
 from .comfyui import patch_model
 
@@ -100,8 +100,11 @@ class WebuiTokenMerge:
         self.settings = settings  # returns {setting key: value}, read at each patch
 
     def apply_patch(self, model: Any, **kwargs: Any) -> Any:
-        options = options_from(self.settings())
-        return apply_patch(model, **{**kwargs, **options})
+        options = {**kwargs, **options_from(self.settings())}
+        # The webui passes tomesd's arguments (its ratio is the on-switch) and every setting: pass on only what the
+        # chosen method reads, so that a setting for another method is not reported as without effect.
+        ignored = ignored_by(options["method"])
+        return apply_patch(model, **{k: v for k, v in options.items() if k not in ignored})
 
     def remove_patch(self, model: Any) -> Any:
         return remove_patch(model)

@@ -335,10 +335,8 @@ def describe_model(model: str, small: bool, blocks: int | None) -> str:
     if blocks is not None:
         example = examples()[model][1]
         config = example.blocks(example.config, blocks) if example.blocks else example.config
-        counts = " + ".join(
-            f"{v} {k.replace('num_', '').replace('_', ' ')}" for k, v in config.items() if "layers" in k and isinstance(v, int)
-        )
-        label += f", first {blocks} blocks at full width ({counts})"
+        counts = ", ".join(f"{k}={v}" for k, v in config.items() if "layers" in k and isinstance(v, int))
+        label += f", its first blocks at full width ({counts})"
     return label
 
 

@@ -1,0 +1,101 @@
+"""Options that cannot act are said once, with the effective value (never a silent no-op)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import tokenmerge
+
+from conftest import sd_inputs
+
+
+def _messages(caught) -> list[str]:
+    return [str(w.message) for w in caught if "tokenmerge" in str(w.message)]
+
+
+def _run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+@pytest.mark.parametrize("options", [dict(sx=64, sy=64), dict(sx=41, sy=1)], ids=["64x64 window", "41x1 window"])
+def test_a_window_larger_than_the_grid_is_said_once(sd15_small, options):
+    inputs = sd_inputs(sd15_small, 16, 16)
+    vanilla = _run(sd15_small, inputs)
+    with tokenmerge.patched(sd15_small, ratio=0.5, **options), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = _run(sd15_small, inputs)
+        _run(sd15_small, inputs)
+    assert torch.equal(out, vanilla)
+    found = [m for m in _messages(caught) if "destination window" in m]
+    assert found and all("effective ratio 0" in m for m in found)
+    assert len(found) == len(set(found))  # once per block, not per call
+
+
+def test_a_one_row_grid_says_it_merges_nothing(sd15_small):
+    inputs = sd_inputs(sd15_small, 8, 64)  # 8 x 64 latent: 1 x 8 tokens at the deepest attention level
+    with tokenmerge.patched(sd15_small, ratio=0.5, max_downsample=8), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _run(sd15_small, inputs)
+    assert any("1x8 token grid holds no whole" in m for m in _messages(caught))
+
+
+def test_a_key_value_factor_beyond_the_grid_says_what_is_left(sd15_small):
+    inputs = sd_inputs(sd15_small, 16, 16)
+    with tokenmerge.patched(sd15_small, method="todo", kv_factor=64), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _run(sd15_small, inputs)
+    assert any("key/value factor 64 exceeds a side of its 16x16 token grid: its 256 keys become 1 (1x1)" in m for m in _messages(caught))
+
+
+@pytest.mark.parametrize(
+    "options,ignored",
+    [
+        (dict(method="tome", kv_factor=4), "method='tome' does not use kv_factor=4"),
+        (dict(method="todo", ratio=0.3, sx=4), "method='todo' does not use ratio=0.3, sx=4"),
+        (dict(method="auto", kv_factor=3), "method='auto' does not use kv_factor=3"),
+        (dict(method="todo", auto_max_keys=128), "method='todo' does not use auto_max_keys=128"),
+    ],
+)
+def test_options_the_method_does_not_use_are_said(sd15_small, options, ignored):
+    with pytest.warns(UserWarning, match=ignored.replace("(", r"\(").replace(")", r"\)")):
+        tokenmerge.apply_patch(sd15_small, **options)
+    tokenmerge.remove_patch(sd15_small)
+
+
+def test_options_at_their_defaults_say_nothing(sd15_small):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokenmerge.apply_patch(sd15_small, method="todo", kv_factor=3)
+        tokenmerge.apply_patch(sd15_small, ratio=0.4, sx=2)
+    tokenmerge.remove_patch(sd15_small)
+    assert not _messages(caught)
+
+
+def test_describe_tells_unsupported_from_unpatched(sd15_small):
+    assert str(tokenmerge.describe(sd15_small)) == "not patched by tokenmerge"
+    text = str(tokenmerge.describe(torch.nn.Linear(2, 2)))
+    assert text.startswith("not supported by tokenmerge: Linear has no transformer blocks")
+
+
+def test_pipeline_messages_name_the_components():
+    from diffusers import DDIMScheduler, DiffusionPipeline
+
+    class OnlyScheduler(DiffusionPipeline):
+        def __init__(self, scheduler):
+            super().__init__()
+            self.register_modules(scheduler=scheduler)
+
+    with pytest.raises(TypeError, match=r"OnlyScheduler holds no model to patch \(its components: scheduler \(DDIMScheduler\)\)"):
+        tokenmerge.apply_patch(OnlyScheduler(DDIMScheduler()))
+
+    class WithLinear(DiffusionPipeline):
+        def __init__(self, transformer):
+            super().__init__()
+            self.register_modules(transformer=transformer)
+
+    with pytest.raises(TypeError, match=r"WithLinear's transformer \(Linear\) has no transformer blocks.*Flux\.1, "):
+        tokenmerge.apply_patch(WithLinear(torch.nn.Linear(2, 2)))
