@@ -82,7 +82,10 @@ def test_pyramid_attention_broadcast_is_refused_with_tome_and_works_with_todo(or
     tokenmerge.apply_patch(unet, ratio=0.5)
     if order == "tokenmerge-first":
         _pab(unet, current)
-    with torch.no_grad(), pytest.raises(RuntimeError, match="PyramidAttentionBroadcastHook, which returns outputs cached in earlier steps"):
+    with (
+        torch.no_grad(),
+        pytest.raises(RuntimeError, match="pyramid_attention_broadcast hook, which returns outputs cached in earlier steps"),
+    ):
         unet(**inputs)
     tokenmerge.apply_patch(unet, method="todo", kv_factor=2)
     outputs = []
@@ -97,3 +100,59 @@ def test_pyramid_attention_broadcast_is_refused_with_tome_and_works_with_todo(or
     tokenmerge.remove_patch(unet)
     assert torch.equal(outputs[0], todo_alone)  # the steps PAB computes are tokenmerge's own result
     assert all(torch.isfinite(o).all() for o in outputs)
+
+
+def _flux_pab(model):
+    from diffusers import PyramidAttentionBroadcastConfig, apply_pyramid_attention_broadcast
+
+    config = PyramidAttentionBroadcastConfig(
+        spatial_attention_block_skip_range=2,
+        spatial_attention_timestep_skip_range=(-1, 1001),
+        spatial_attention_block_identifiers=("single_transformer_blocks",),
+        current_timestep_callback=lambda: 500,
+    )
+    apply_pyramid_attention_broadcast(model, config)
+
+
+def _flux_taylorseer(model):
+    from diffusers import TaylorSeerCacheConfig
+
+    model.enable_cache(
+        TaylorSeerCacheConfig(
+            cache_interval=2,
+            disable_cache_before_step=1,
+            taylor_factors_dtype=torch.float32,
+            cache_identifiers=[r"single_transformer_blocks\.\d+\.attn"],
+        )
+    )
+
+
+@pytest.mark.parametrize("cache", [_flux_pab, _flux_taylorseer], ids=["pab-single-stream", "taylorseer"])
+def test_caches_inside_flux_single_stream_blocks_are_refused_with_tome_and_quiet_with_todo(cache):
+    """An attention cache on Flux's single-stream attention sits inside the norm -> proj_out merged span: with tome
+    its replayed output would be unmerged with another step's plan, so it is refused (found through diffusers' hook
+    registry); with todo it composes, and a replayed step (no attention run) is no reason to warn."""
+    import warnings
+
+    from tokenmerge.tools.architectures import build_model, transformer_inputs
+
+    model = build_model("flux", small=True)
+    try:
+        cache(model)
+    except (ImportError, TypeError) as error:  # this diffusers has no such cache or takes other options
+        pytest.skip(f"cache not available: {error}")
+    inputs = transformer_inputs(model, "flux", 16, 16, text_tokens=5)
+
+    def steps() -> None:
+        with torch.no_grad(), model.cache_context("cond"):
+            for _ in range(4):
+                model(**inputs)
+
+    with tokenmerge.patched(model, ratio=0.5), pytest.raises(RuntimeError, match="returns outputs cached in earlier steps"):
+        steps()
+    model = build_model("flux", small=True)  # a fresh cache: the refused call stopped it mid-step
+    cache(model)
+    with tokenmerge.patched(model, method="todo"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        steps()
+    assert not [w for w in caught if "were not downsampled" in str(w.message)]

@@ -23,6 +23,7 @@ from ..algorithms import TokenLayout, downsample_keys, downsample_mask_columns, 
 from . import dispatch
 from .calls import first_tensor
 from .state import BlockWarnings, PatchState
+from .tokens import caching_wrappers
 
 _SDPA = F.scaled_dot_product_attention
 _SDPA_NAMES = ("query", "key", "value", "attn_mask")
@@ -141,7 +142,8 @@ class CloseKeyValueMode:
         stack = dispatch.ACTIVE.stack
         if stack and stack[-1] is mode:
             stack.pop()
-        if (mode.reduced == 0 or mode.mask_skipped) and not torch.compiler.is_compiling():
+        if (mode.reduced == 0 or mode.mask_skipped) and not torch.compiler.is_compiling() and not caching_wrappers(module):
+            # (a caching hook that returned an output of an earlier step ran no attention: nothing to reduce)
             reason = (
                 "an attention mask is set and kv_interpolation is not nearest"
                 if mode.mask_skipped

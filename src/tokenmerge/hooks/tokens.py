@@ -10,25 +10,27 @@ from ..algorithms import MergePlan, TokenLayout
 from .calls import first_tensor, replace_first
 from .state import BlockCall, BlockWarnings, PatchState
 
-# diffusers hooks that may skip a module and return an output cached in an earlier call: such an output was
-# computed on the merged tokens of that call, and unmerging it with this call's plan would scramble it.
-_CACHING_HOOKS = ("Cache", "Broadcast", "FBC", "TaylorSeer")
+# diffusers hooks (by the name they are registered under in a module's HookRegistry) that may skip a module and
+# return its output cached in an earlier call: under tome that output was computed on the merged tokens of that
+# call, and unmerging it with this call's plan would scramble it. (Block-level caches — FirstBlockCache, MagCache —
+# replay whole blocks, whose outputs are full-length: they compose.)
+REPLAYING_HOOKS = ("pyramid_attention_broadcast", "taylorseer_cache", "faster_cache_block")
 
 
 def caching_wrappers(module: torch.nn.Module) -> list[str]:
-    """Names of diffusers caching hooks (PyramidAttentionBroadcast, FasterCache, ...) wrapping ``module``."""
+    """The diffusers hooks on ``module`` that may return an output cached in an earlier call, by registry name."""
     registry = getattr(module, "_diffusers_hook", None)
     hooks = getattr(registry, "hooks", None) or {}
-    return [type(h).__name__ for h in hooks.values() if any([word in type(h).__name__ for word in _CACHING_HOOKS])]
+    return [name for name in hooks if name in REPLAYING_HOOKS]
 
 
-def refuse_caching_wrappers(module: torch.nn.Module, where: str) -> None:
-    found = caching_wrappers(module)
+def refuse_caching_wrappers(modules: list[torch.nn.Module], where: str) -> None:
+    found = sorted({name for module in modules for name in caching_wrappers(module)})
     if found:
         raise RuntimeError(
-            f"tokenmerge: {where} is wrapped by {', '.join(found)}, which returns outputs cached in earlier steps. With "
-            "method='tome' those outputs were computed on that step's merged tokens and cannot be restored with this "
-            "step's merge; use method='todo' or 'auto' together with it, or apply tokenmerge only to modules it does not cache"
+            f"tokenmerge: {where} is wrapped by diffusers' {', '.join(found)} hook, which returns outputs cached in earlier "
+            "steps. With method='tome' those outputs were computed on that step's merged tokens and cannot be restored with "
+            "this step's merge; use method='todo' or 'auto' together with it, or apply tokenmerge only to modules it does not cache"
         )
 
 
@@ -72,7 +74,7 @@ class EnterSpan(_SpanHook):
         span = self.patch.blocks[self.block].layout.spans[self.span]
         if not self.patch.current().config.merges(span.option, self.patch.layout.single_level):
             return None
-        refuse_caching_wrappers(module, f"{span.name} of transformer block {self.block}")
+        refuse_caching_wrappers([span.enter, span.leave, *[m for m, _ in span.follows]], f"{span.name} of transformer block {self.block}")
         return block.action.plan
 
     def _plan_for(self, x: torch.Tensor, plan: MergePlan, block: BlockCall, stream: TokenLayout) -> MergePlan | None:
