@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import tokenmerge
 from tokenmerge.tools.architectures import build_unet, unet_inputs
@@ -130,6 +131,22 @@ def key_value_counts(model):
     finally:
         for h in handles:
             h.remove()
+
+
+class AttentionCalls(TorchFunctionMode):
+    """(query, key, mask) of every scaled_dot_product_attention call, (B, H, S, D), copied as they were."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            named = dict(zip(("query", "key", "value", "attn_mask"), args)) | kwargs
+            mask = named.get("attn_mask")
+            self.calls.append((named["query"].detach().clone(), named["key"].detach().clone(), None if mask is None else mask.clone()))
+        return func(*args, **kwargs)
 
 
 def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:

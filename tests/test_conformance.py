@@ -15,12 +15,13 @@ import pickle
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import tokenmerge
 from tokenmerge.algorithms import TokenGrid, nearest_indices
 from tokenmerge.families import examples
 from tokenmerge.tools.architectures import build_model, transformer_inputs, transformer_output
+
+from conftest import AttentionCalls
 
 EXAMPLES = tuple(examples())
 METHODS = {
@@ -60,22 +61,6 @@ def _with_references() -> list:
 def run(name: str, inputs: dict, model: torch.nn.Module | None = None) -> torch.Tensor:
     with torch.no_grad():
         return transformer_output(name, (model if model is not None else model_of(name))(**inputs))
-
-
-class AttentionCalls(TorchFunctionMode):
-    """(query, key) of every scaled_dot_product_attention call, (B, H, S, D)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            q = args[0] if args else kwargs["query"]
-            k = args[1] if len(args) > 1 else kwargs["key"]
-            self.calls.append((q.detach().clone(), k.detach().clone()))
-        return func(*args, **kwargs)
 
 
 def attention_calls(name: str, inputs: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -127,7 +112,7 @@ def test_keys_and_values_of_the_image_only_are_downsampled(name, references, met
     keep = nearest_indices(grid, (2, 2), "nearest-exact", torch.device("cpu"))
     assert len(patched) == len(vanilla)
     reduced = []
-    for i, ((q0, k0), (q, k)) in enumerate(zip(vanilla, patched)):
+    for i, ((q0, k0, _), (q, k, _)) in enumerate(zip(vanilla, patched)):
         assert q.shape == q0.shape  # queries keep every token
         if k0.shape[-2] == q0.shape[-2] and k0.shape[-2] >= grid.numel:  # a self or joint attention over the image
             assert k.shape[-2] == k0.shape[-2] - grid.numel + keep.numel()
@@ -136,7 +121,7 @@ def test_keys_and_values_of_the_image_only_are_downsampled(name, references, met
             assert k.shape == k0.shape
     assert reduced
     # The first reduced attention saw vanilla's inputs (every attention before it is unchanged).
-    (q0, k0), (_, k) = vanilla[reduced[0]], patched[reduced[0]]
+    (q0, k0, _), (_, k, _) = vanilla[reduced[0]], patched[reduced[0]]
     stream = next(layout.stream(s) for s in ("joint", "image", "target") if layout.stream(s).total == k0.shape[-2])
     assert k0.shape[-2] == stream.total
     start = stream.image_start
@@ -154,7 +139,7 @@ def test_tome_merges_the_image_tokens_only(name, references):
         patched = attention_calls(name, inputs)
     r = int(grid.numel * 0.5)
     merged = 0
-    for (q0, k0), (q, k) in zip(vanilla, patched):
+    for (q0, k0, _), (q, k, _) in zip(vanilla, patched):
         if k0.shape[-2] == q0.shape[-2] and q0.shape[-2] >= grid.numel:
             assert q.shape[-2] == k.shape[-2] == q0.shape[-2] - r  # r image tokens fewer; text and references all there
             merged += 1

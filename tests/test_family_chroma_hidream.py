@@ -13,13 +13,12 @@ import warnings
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import tokenmerge
 from tokenmerge.algorithms import TokenGrid, nearest_indices
 from tokenmerge.tools.architectures import build_model, transformer_inputs, transformer_output
 
-from conftest import shared
+from conftest import AttentionCalls, shared
 
 TEXT = 5
 LATENT = (18, 14)  # a 9x7 token grid
@@ -37,21 +36,6 @@ def models() -> dict[str, torch.nn.Module]:
 def run(name: str, model: torch.nn.Module, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
         return transformer_output(name, model(**inputs))
-
-
-class AttentionCalls(TorchFunctionMode):
-    """(query, key, mask) of every scaled_dot_product_attention call, (B, H, S, D)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            named = dict(zip(("query", "key", "value", "attn_mask"), args)) | kwargs
-            self.calls.append((named["query"].detach(), named["key"].detach().clone(), named.get("attn_mask")))
-        return func(*args, **kwargs)
 
 
 def attention_calls(name: str, model: torch.nn.Module, inputs: dict) -> list:

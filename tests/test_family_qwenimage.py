@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import tokenmerge
 from tokenmerge.algorithms import nearest_indices
@@ -18,7 +17,7 @@ from tokenmerge.families.qwenimage import SMALL
 from tokenmerge.families.qwenimage import inputs as qwen_inputs
 from tokenmerge.tools.architectures import build_model
 
-from conftest import shared
+from conftest import AttentionCalls, shared
 
 LATENT = (12, 10)  # a 6x5 target grid
 REFERENCE = (4, 3)  # one edit reference of 4x3 tokens
@@ -38,23 +37,6 @@ def edit_inputs(model: torch.nn.Module, batch: int = 2, pad: bool = False) -> di
         mask[-1, -2:] = 0
         found["encoder_hidden_states_mask"] = mask
     return found
-
-
-class AttentionCalls(TorchFunctionMode):
-    """(query, key, mask) of every scaled_dot_product_attention call, (B, H, S, D)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            q = args[0] if args else kwargs["query"]
-            k = args[1] if len(args) > 1 else kwargs["key"]
-            mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
-            self.calls.append((q.detach().clone(), k.detach().clone(), None if mask is None else mask.clone()))
-        return func(*args, **kwargs)
 
 
 def run(model: torch.nn.Module, inputs: dict) -> tuple[torch.Tensor, list]:

@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import tokenmerge
 from tokenmerge.algorithms import Segment
@@ -16,25 +15,11 @@ from tokenmerge.families import lumina2, zimage
 from tokenmerge.families.base import DECLINED
 from tokenmerge.tools.architectures import build_model, transformer_inputs, transformer_output
 
+from conftest import AttentionCalls
+
 METHODS = {"tome": dict(ratio=0.5), "todo": dict(method="todo", kv_factor=2)}
 LATENT = (18, 14)  # 9 x 7 = 63 image tokens: Z-Image pads them to 64
 _MODELS: dict[str, torch.nn.Module] = {}
-
-
-class AttentionCalls(TorchFunctionMode):
-    """(query, key) of every scaled_dot_product_attention call, (B, H, S, D)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            q = args[0] if args else kwargs["query"]
-            k = args[1] if len(args) > 1 else kwargs["key"]
-            self.calls.append((q.detach(), k.detach()))
-        return func(*args, **kwargs)
 
 
 def model_of(name: str) -> torch.nn.Module:
@@ -97,7 +82,7 @@ def test_zimage_captions_of_different_lengths_mask_follows_and_samples_are_indep
         alone = torch.cat([run("z-image", sample(inputs, i)) for i in range(2)])
     assert (batch - alone).abs().max().item() < 1e-4
     assert not torch.equal(batch, unpatched) and torch.isfinite(batch).all()
-    lengths = [(q0.shape[-2], q.shape[-2], k.shape[-2]) for (q0, _), (q, k) in zip(vanilla, patched)]
+    lengths = [(q0.shape[-2], q.shape[-2], k.shape[-2]) for (q0, _, _), (q, k, _) in zip(vanilla, patched)]
     # noise_refiner: 64 = 63 image + 1 padding; context_refiner: 64 caption tokens (untouched); main: 64 + 64
     if method == "tome":
         assert lengths == [(64, 33, 33), (64, 64, 64), (128, 97, 97), (128, 97, 97)]
@@ -152,7 +137,7 @@ def test_lumina2_padded_captions_of_equal_lengths_are_reduced(method):
             out = run(name, inputs)
     assert str(layout) == "text 9 ; image 9x7"
     assert not torch.equal(out, run(name, inputs)) and torch.isfinite(out).all()
-    lengths = [(q0.shape[-2], q.shape[-2], k.shape[-2]) for (q0, _), (q, k) in zip(vanilla, patched)]
+    lengths = [(q0.shape[-2], q.shape[-2], k.shape[-2]) for (q0, _, _), (q, k, _) in zip(vanilla, patched)]
     if method == "tome":  # 31 of 63 image tokens merged
         assert lengths == [(16, 16, 16), (63, 32, 32), (72, 41, 41), (72, 41, 41)]
     else:  # 9 x 7 -> 5 x 4 image keys

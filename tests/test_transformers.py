@@ -10,13 +10,12 @@ import contextlib
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import tokenmerge
 from tokenmerge.algorithms import TokenGrid, nearest_indices
 from tokenmerge.tools.architectures import build_model, transformer_inputs
 
-from conftest import shared
+from conftest import AttentionCalls, shared
 
 MODELS = ("sd3", "sd35", "flux", "pixart")
 TEXT = 5
@@ -36,27 +35,15 @@ def _run(model, inputs) -> torch.Tensor:
         return model(**inputs).sample
 
 
-class AttentionCalls(TorchFunctionMode):
-    """(query length, key length, key tensor) of every scaled_dot_product_attention call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[int, int, torch.Tensor]] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            q = args[0] if args else kwargs["query"]
-            k = args[1] if len(args) > 1 else kwargs["key"]
-            self.calls.append((q.shape[-2], k.shape[-2], k.detach().clone()))
-        return func(*args, **kwargs)
-
-
 @contextlib.contextmanager
 def attention_calls():
-    mode = AttentionCalls()
-    with mode:
-        yield mode.calls
+    """(query length, key length, key) of every SDPA call made in the block, filled when it closes."""
+    mode, found = AttentionCalls(), []
+    try:
+        with mode:
+            yield found
+    finally:
+        found.extend((q.shape[-2], k.shape[-2], k) for q, k, _ in mode.calls)
 
 
 HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs")
