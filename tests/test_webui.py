@@ -201,3 +201,25 @@ def test_extension_warns_where_neither_webui_route_exists(webui_modules):
     del webui_modules.sd_models.tomesd
     with pytest.warns(UserWarning, match="neither modules.sd_models.tomesd .* nor backend.misc.tomesd.TomePatcher"):
         _run_extension_script()
+
+
+def test_forge_with_a_model_tokenmerge_cannot_patch_generates_unchanged(webui_modules, monkeypatch):
+    """Forge calls the token-merging patcher without error handling: a Flux model (no UNet patch points) must come
+    back unchanged with one warning, never abort the generation."""
+    import warnings
+
+    import forge_standin
+
+    del webui_modules.sd_models.tomesd
+    forge_standin.install_modules(monkeypatch)
+    _run_extension_script()
+    flux_like = forge_standin.UnetPatcher(types.SimpleNamespace(diffusion_model=torch.nn.Linear(2, 2)), "cpu", "cpu")
+    sd_model = forge_standin.sd_model_for(flux_like)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # two passes: one warning
+            sd_model.forge_objects = sd_model.forge_objects_after_applying_lora.shallow_copy()
+            forge_standin.apply_token_merging(sd_model, 0.5)
+    assert sd_model.forge_objects.unet is sd_model.forge_objects_after_applying_lora.unet  # handed back as it came
+    found = [str(w.message) for w in caught if "tokenmerge" in str(w.message)]
+    assert len(found) == 1 and "leaves this model unchanged" in found[0]

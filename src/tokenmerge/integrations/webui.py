@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig, ignored_by
 from ..patch import apply_patch, remove_patch
@@ -114,12 +114,25 @@ def forge_patcher(settings: Callable[[], dict[str, Any]]) -> type:
     """Forge: a class to stand where Forge expects ``backend.misc.tomesd.TomePatcher``."""
 
     class ForgeTokenMerge:
-        """``ForgeTokenMerge().patch(model=unet_patcher, ratio=r)``: a patched clone of Forge's UNet patcher."""
+        """``ForgeTokenMerge().patch(model=unet_patcher, ratio=r)``: a patched clone of Forge's UNet patcher.
+
+        Forge calls this without error handling before each pass (``modules/processing.py``), so a model tokenmerge
+        cannot patch there (Forge's Flux, ``IntegratedFluxTransformer2DModel``: no UNet attention patch points) is
+        handed back unchanged with one warning, as Forge's own patcher does, instead of aborting the generation."""
+
+        warned: ClassVar[set[str]] = set()  # per Forge process: Forge makes a new patcher object per pass
 
         def patch(self, model: Any, ratio: float) -> Any:
             config = TokenMergeConfig(ratio=ratio, **options_from(settings()))
             config.warn_if_capped()
-            return patch_model(model, config)
+            try:
+                return patch_model(model, config)
+            except TypeError as error:
+                kind = type(getattr(getattr(model, "model", None), "diffusion_model", model)).__name__
+                if kind not in self.warned:
+                    self.warned.add(kind)
+                    warnings.warn(f"tokenmerge: Forge's token merging leaves this model unchanged: {error}", stacklevel=2)
+                return model
 
     return ForgeTokenMerge
 
