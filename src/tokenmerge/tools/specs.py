@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import apply_patch, remove_patch
-from ..config import OPTION_NAMES, TokenMergeConfig
+from ..config import OPTION_NAMES, TokenMergeConfig, ignored_by
 
 SPEC_METHODS = ("tome", "todo", "auto", "tomesd")  # "none": accelerators alone
 ACCELERATORS = ("deepcache", "freeu", "slicing")
@@ -111,7 +111,8 @@ class PatchSpec:
             level = {"max_downsample": defaults["max_downsample"]} if defaults.get("max_downsample") else {}
             tomesd.apply_patch(target, ratio=self.value, **level)
         elif self.method != "none":
-            apply_patch(target, **({k: v for k, v in defaults.items() if k != "max_downsample"} | self.kwargs()))
+            ignored = ("max_downsample", *ignored_by(self.method))  # defaults the method does not read are not passed
+            apply_patch(target, **({k: v for k, v in defaults.items() if k not in ignored} | self.kwargs()))
         offs = []
         try:
             for accelerator in self.accelerators:
