@@ -149,3 +149,20 @@ def test_a_comfyui_checkout_is_not_silently_shadowed_by_notcomfy(tmp_path):
     env = {**__import__("os").environ, "COMFYUI_PATH": str(checkout)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode != 0 and "shadows the checkout" in result.stderr
+
+
+def test_the_node_applied_twice_replaces_its_first_patch(sd15):
+    import warnings
+
+    x, ctx, _ = _inputs()
+    (once,) = TokenMergeNode().patch(sd15, ratio=0.5)
+    expected = comfy_run(once, x, context=ctx)
+    (first,) = TokenMergeNode().patch(sd15, ratio=0.3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (twice,) = TokenMergeNode().patch(first, ratio=0.5)
+        out = comfy_run(twice, x, context=ctx)
+    messages = [str(w.message) for w in caught if "tokenmerge" in str(w.message)]
+    assert messages == ["tokenmerge: this MODEL already carries a tokenmerge patch; it is replaced by this node's options"]
+    assert torch.equal(out, expected)
+    assert len(first.model_options["transformer_options"]["patches"]["attn1_patch"]) == 1  # the first clone keeps its own

@@ -119,3 +119,15 @@ def test_importing_tokenmerge_loads_no_front_end_and_no_tool():
             [sys.executable, "-c", "import sys, tokenmerge; print(list(sys.modules))"], capture_output=True, text=True
         ).stdout
     )
+
+
+def test_the_project_version_is_static_and_equals_the_packages():
+    """ComfyUI's registry parser (comfy_config) reads ``[project] version``; a dynamic version reads as "1.0.0"."""
+    from pathlib import Path
+
+    import tomllib
+
+    import tokenmerge
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert "version" not in project.get("dynamic", []) and project["version"] == tokenmerge.__version__

@@ -99,3 +99,21 @@ def test_pipeline_messages_name_the_components():
 
     with pytest.raises(TypeError, match=r"WithLinear's transformer \(Linear\) has no transformer blocks.*Flux\.1, "):
         tokenmerge.apply_patch(WithLinear(torch.nn.Linear(2, 2)))
+
+
+def test_auto_leaving_every_block_alone_says_so_once():
+    from tokenmerge.tools.architectures import build_model, transformer_inputs
+
+    model = build_model("flux", small=True)
+    inputs = transformer_inputs(model, "flux", 16, 16, text_tokens=5)  # 8x8 tokens: far below auto_min_tokens
+    with tokenmerge.patched(model, method="auto"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with torch.no_grad():
+                model(**inputs)
+    found = [m for m in _messages(caught) if "leaves every block" in m]
+    assert found == [
+        "tokenmerge: method='auto' leaves every block of this FluxTransformer2DModel unchanged at this size: its largest "
+        "token grid, 8x8 = 64 tokens, is at most auto_min_tokens=1024, where attention is cheap next to the rest (no "
+        "speed-up, by design). For a speed-up at this size use method='tome' or 'todo', or a lower auto_min_tokens"
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -85,8 +86,27 @@ class EndCall:
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         call = self.patch.current()
         if call is not None:
+            if call.config.method == "auto" and not call.recomputing and not torch.compiler.is_compiling():
+                self._notice_idle_auto(module, call)
             call.recomputing = False
             self.patch.pop(call)
+
+    def _notice_idle_auto(self, module: torch.nn.Module, call: CallState) -> None:
+        """``auto`` leaving every block of a call alone (small grids, by design) is said once per options."""
+        grids = [layout.grid for layout in call.layouts.values() if layout is not None]
+        if not grids or not call.blocks or not all(b.action.idle for b in call.blocks.values()):
+            return
+        if self.patch.auto_idle_noticed == self.patch.epoch:
+            return
+        self.patch.auto_idle_noticed = self.patch.epoch
+        largest = max(grids, key=lambda g: g.numel)
+        warnings.warn(
+            f"tokenmerge: method='auto' leaves every block of this {type(module).__name__} unchanged at this size: its "
+            f"largest token grid, {largest} = {largest.numel} tokens, is at most auto_min_tokens={call.config.auto_min_tokens}, "
+            "where attention is cheap next to the rest (no speed-up, by design). For a speed-up at this size use method='tome' "
+            "or 'todo', or a lower auto_min_tokens",
+            stacklevel=2,
+        )
 
 
 class CaptureLayout:

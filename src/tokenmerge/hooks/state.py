@@ -133,6 +133,7 @@ class PatchState:
         self.handles: list[RemovableHandle] = []
         self.wrapped: list[tuple[torch.nn.Module, str]] = []  # (module, attribute) of removable wrappers
         self.routes_dispatch = False  # holds the diffusers dispatch route (hooks.dispatch) while installed
+        self.auto_idle_noticed = -1  # the options epoch in which auto's idle notice was given
         self.epoch = 0
         self.__setstate__({})
 

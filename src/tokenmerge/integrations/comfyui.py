@@ -169,10 +169,25 @@ class ComfyTokenMerge:
         return n if plan is None else plan.unmerge(n)
 
 
+def _drop_earlier_patches(model_patcher: Any) -> bool:
+    """Take an earlier tokenmerge patch off a clone (the node applied twice in a chain): its merged tokens would be
+    all that the second one sees. The clone's patch lists are its own (``clone()`` copies the model options)."""
+    patches = model_patcher.model_options.get("transformer_options", {}).get("patches", {})
+    found = False
+    for name in ("attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_output_patch"):
+        if name in patches:
+            kept = [p for p in patches[name] if not isinstance(getattr(p, "__self__", None), ComfyTokenMerge)]
+            found = found or len(kept) != len(patches[name])
+            patches[name] = kept
+    return found
+
+
 def patch_model(model_patcher: Any, config: TokenMergeConfig) -> Any:
     """A clone of ``model_patcher`` with tokenmerge registered on ComfyUI's attention patch points."""
     patch = ComfyTokenMerge(config, top_attention_level(model_patcher))
     patched = model_patcher.clone()
+    if _drop_earlier_patches(patched):
+        warnings.warn("tokenmerge: this MODEL already carries a tokenmerge patch; it is replaced by this node's options", stacklevel=3)
     patched.set_model_attn1_patch(patch.attn1_patch)
     patched.set_model_attn1_output_patch(patch.attn1_output_patch)
     if config.merge_crossattn:
