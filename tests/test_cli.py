@@ -108,3 +108,19 @@ def test_bench_comfyui_reports_the_attention_share_only_where_it_times_attention
     table = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "tokenmerge node r=0.5" in table and "ComfyUI TomePatchModel" in table
     assert ("image attention:" in table) == (attention == "pytorch")
+
+
+def test_bench_tables_say_what_is_within_their_noise():
+    """The quick start's case: auto above the printed ceiling and ranges that contain vanilla's are called noise."""
+    from tokenmerge.tools.bench import Row, format_table
+
+    rows = [
+        Row(512, "vanilla", 23.0, 1.0, 1.0, 0.0, 0, 22.04, 24.31, attention_share=0.14),
+        Row(512, "tomesd r=0.5", 37.0, 0.62, 1.0, 0.0, 0, 30.0, 44.0),
+        Row(512, "tokenmerge auto", 16.9, 1.36, 1.0, 0.0, 0, 9.54, 24.43),
+        Row(512, "tokenmerge r=0.5", 15.0, 1.53, 1.0, 0.0, 0, 14.5, 15.5),
+    ]
+    text = format_table(rows, "sd15 UNet", 2, rounds=2)
+    assert "within the noise measured (min-max overlaps vanilla's): tokenmerge auto\n" in text + "\n"
+    assert "above the attention-only ceiling 1.16x, so partly noise: tokenmerge auto" in text
+    assert "2 timed round(s) per variant" in text and "not image quality" in text

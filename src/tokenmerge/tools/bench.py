@@ -196,12 +196,13 @@ def time_variants(
     (scaled by the cube of the size ratio: between linear-in-tokens convolutions and quadratic attention).
     """
     bar = progress_bar(len(inputs_by_size) * len(variants) * (repeats + 1), "bench")
+    say = log if bar is None else bar.write  # a message on a line of its own, never glued onto the bar
     rows: list[Row] = []
     previous: tuple[int, float] | None = None
     for size, make_inputs in inputs_by_size.items():
         if previous is not None:
             estimate = previous[1] * (size / previous[0]) ** 3 * (repeats + 1)
-            log(f"{size} px: about {estimate / 60:.1f} min (estimated from {previous[0]} px)")
+            say(f"{size} px: about {estimate / 60:.1f} min (estimated from {previous[0]} px)")
         inputs = make_inputs()
         outputs: dict[str, torch.Tensor] = {}
         times: dict[str, list[float]] = {v.name: [] for v in variants}
@@ -235,7 +236,7 @@ def time_variants(
                 warmup = time.perf_counter() - round_started
                 previous = (size, warmup)
                 if repeats:
-                    log(f"{size} px: warm-up round {warmup:.1f} s; about {warmup * repeats / 60:.1f} min to go for this size")
+                    say(f"{size} px: warm-up round {warmup:.1f} s; about {warmup * repeats / 60:.1f} min to go for this size")
         base = statistics.median(times[variants[0].name])
         for variant in variants:
             t = times[variant.name]
@@ -394,8 +395,9 @@ def run_comfy_bench(
     return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in sizes_px}, repeats, log=log)
 
 
-def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu", timed: str = "forward") -> str:
-    """The rows as markdown tables, one per size; ``timed``: what one timing covers (a forward, a sampling run)."""
+def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu", timed: str = "forward", rounds: int | None = None) -> str:
+    """The rows as markdown tables, one per size, each followed by what is within the noise it measured, and a
+    legend; ``timed``: what one timing covers (a forward, a sampling run); ``rounds``: timed rounds per variant."""
     where = f"{torch.get_num_threads()} threads" if device == "cpu" else device
     width = max([24, *(len(r.variant) for r in rows)])
     lines = []
@@ -415,7 +417,33 @@ def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu", t
             lines.append(
                 f"| {r.variant:<{width}} | {r.median_s:>16.3f} | {spread:>15} | {r.speedup:>7.2f}x | {r.peak_mem_mb:>8.0f} | {r.cosine:>8.5f} | {r.rel_l2:>8.4f} |"
             )
+        lines += noise_notes([r for r in rows if r.size_px == size])
+    lines.append(legend(rounds, timed))
     return "\n".join(lines)
+
+
+def noise_notes(rows: list[Row]) -> list[str]:
+    """Plain words for differences the bench cannot tell from noise: a variant whose min-max range overlaps
+    vanilla's, and an attention-only method faster than the attention ceiling allows."""
+    vanilla, notes = rows[0], []
+    overlapping = [r.variant for r in rows[1:] if r.min_s <= vanilla.max_s and r.max_s >= vanilla.min_s]
+    if overlapping:
+        notes.append(f"within the noise measured (min-max overlaps vanilla's): {', '.join(overlapping)}")
+    ceiling = vanilla.ceiling
+    above = [r.variant for r in rows[1:] if ceiling and ("auto" in r.variant or "todo" in r.variant) and r.speedup > 1.02 * ceiling]
+    if above:
+        notes.append(f"above the attention-only ceiling {ceiling:.2f}x, so partly noise: {', '.join(above)}")
+    return notes
+
+
+def legend(rounds: int | None, timed: str) -> str:
+    count = "each variant's timed rounds" if rounds is None else f"{max(rounds, 1)} timed round(s) per variant"
+    return (
+        f"\nspeed-up: vanilla's median / the variant's ({count}, interleaved, order rotated each round); min-max: the "
+        f"fastest and slowest {timed}; peak MiB: the process's memory growth during one {timed}; cosine, rel. L2: the "
+        "output against vanilla's from the same inputs (random weights: they show that a patch acts and how much, not "
+        "image quality: see docs/quality.md)"
+    )
 
 
 def rows_to_json(rows: list[Row], **meta: Any) -> str:

@@ -53,7 +53,8 @@ def _bench(args: argparse.Namespace) -> int:
         label = f"{describe_model(args.model, args.small, args.blocks)}, {args.dtype}{', compiled' if args.compile else ''}"
         if args.steps:
             label += f", whole sampling loops of {args.steps} DDIM steps (CFG)"
-    print(format_table(rows, label, args.batch, args.device, timed="run" if args.steps else "forward"))
+    rounds = None if args.comfyui else args.repeats
+    print(format_table(rows, label, args.batch, args.device, timed="run" if args.steps else "forward", rounds=rounds))
     meta = dict(
         model=label, batch=args.batch, threads=torch.get_num_threads(), torch=torch.__version__, device=args.device, argv=sys.argv[1:]
     )
