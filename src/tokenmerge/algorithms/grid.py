@@ -15,6 +15,7 @@ import torch
 
 _AXES = {1: ("width",), 2: ("height", "width"), 3: ("frames", "height", "width")}
 KINDS = ("text", "image", "reference", "padding")
+STREAMS = ("joint", "image", "target")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,10 @@ class Segment:
     length: int
     grid: TokenGrid | None = None
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"a segment's kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+
 
 @dataclass(frozen=True)
 class TokenLayout:
@@ -131,6 +136,8 @@ class TokenLayout:
         """The layout of a stream: "joint" (this sequence), "image" (without the text, as a dual-stream block's
         image stream: the target and any references) or "target" (the target image alone, as Flux.3's per-mode
         blocks see it)."""
+        if name not in STREAMS:
+            raise ValueError(f"a stream must be one of {', '.join(STREAMS)}, got {name!r}")
         if name == "joint":
             return self
         if name == "target":

@@ -35,7 +35,6 @@ class Declined:
 
 
 DECLINED = Declined()
-STREAMS = ("image", "joint", "target")
 
 
 def has_class_named(obj: object, *names: str) -> bool:
