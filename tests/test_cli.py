@@ -124,3 +124,23 @@ def test_bench_tables_say_what_is_within_their_noise():
     assert "within the noise measured (min-max overlaps vanilla's): tokenmerge auto\n" in text + "\n"
     assert "above the attention-only ceiling 1.16x, so partly noise: tokenmerge auto" in text
     assert "2 timed round(s) per variant" in text and "not image quality" in text
+
+
+def test_bench_summary_puts_each_size_beside_its_target(tmp_path):
+    import json
+
+    from tokenmerge.tools.bench_summary import summary
+
+    def row(px, variant, median, speedup, lo, hi, share=None):
+        return dict(size_px=px, variant=variant, median_s=median, speedup=speedup, min_s=lo, max_s=hi, attention_share=share)
+
+    rows = [
+        row(1024, "vanilla", 10.0, 1.0, 9.8, 10.2, 0.2),
+        row(1024, "tokenmerge r=0.5", 5.0, 2.0, 4.9, 5.1),
+        row(1024, "tokenmerge auto", 8.4, 1.19, 8.3, 8.5),
+    ]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"meta": {"argv": ["bench", "--model", "qwen-image", "--blocks", "2"]}, "rows": rows}))
+    line = summary([str(path)]).splitlines()[-1]
+    assert line.startswith("| qwen-image (2) | 1024 | 10.0 (9.8-10.2) | 20% | 1.25x | 2.00x")
+    assert "76% | auto >= 1.21x: no; tome >= 1.5x: yes |" in line
