@@ -16,6 +16,7 @@ import contextlib
 import copy
 import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -196,7 +197,7 @@ def time_variants(
     (scaled by the cube of the size ratio: between linear-in-tokens convolutions and quadratic attention).
     """
     bar = progress_bar(len(inputs_by_size) * len(variants) * (repeats + 1), "bench")
-    say = log if bar is None else bar.write  # a message on a line of its own, never glued onto the bar
+    say = log if bar is None else lambda message: bar.write(message, file=sys.stderr)  # on a line of its own, not on the bar
     rows: list[Row] = []
     previous: tuple[int, float] | None = None
     for size, make_inputs in inputs_by_size.items():
