@@ -294,14 +294,7 @@ def single_stream_block(
         follows=tuple((attn, f) for f in follows),
         name="attn+mlp",
     )
-    return BlockLayout(
-        block,
-        [span],
-        [KeyValueSite(attn, stream="joint")],
-        input_stream=input_stream,
-        plan_shared_by_batch=shared_by_batch,
-        kind=type(block).__name__,
-    )
+    return _single_span_block(block, span, attn, input_stream, shared_by_batch)
 
 
 def fused_parallel_block(
@@ -316,12 +309,17 @@ def fused_parallel_block(
     module takes the normalised joint sequence and returns attention and MLP together, so one span covers it."""
     attn = getattr(block, attention)
     span = Span("merge_attn", attn, attn, stream="joint", follows=tuple((attn, f) for f in follows), name=f"{attention} (+mlp)")
+    return _single_span_block(block, span, attn, input_stream, shared_by_batch)
+
+
+def _single_span_block(block: torch.nn.Module, span: Span, attn: torch.nn.Module, input_stream: str, shared: bool) -> BlockLayout:
+    """A single-stream block: one merged span over the joint sequence, its attention's keys and values reducible."""
     return BlockLayout(
         block,
         [span],
         [KeyValueSite(attn, stream="joint")],
         input_stream=input_stream,
-        plan_shared_by_batch=shared_by_batch,
+        plan_shared_by_batch=shared,
         kind=type(block).__name__,
     )
 
