@@ -19,6 +19,7 @@ import torch
 import tokenmerge
 from tokenmerge.algorithms import TokenGrid, nearest_indices
 from tokenmerge.families import examples
+from tokenmerge.planning import kv_factors_for
 from tokenmerge.tools.architectures import build_model, transformer_inputs, transformer_output
 
 from conftest import AttentionCalls
@@ -108,8 +109,9 @@ def test_keys_and_values_of_the_image_only_are_downsampled(name, references, met
         layout = call_layout(name, inputs)
         patched = attention_calls(name, inputs)
     grid = layout.grid
-    assert bool(layout.references) == references
-    keep = nearest_indices(grid, (2, 2), "nearest-exact", torch.device("cpu"))
+    assert layout.references or not references  # (some calls carry references of their own: Wan 2.2 TI2V's first frame)
+    factors = kv_factors_for(tokenmerge.TokenMergeConfig(**METHODS[method]), grid)
+    keep = nearest_indices(grid, factors, "nearest-exact", torch.device("cpu"))
     assert len(patched) == len(vanilla)
     reduced = []
     for i, ((q0, k0, _), (q, k, _)) in enumerate(zip(vanilla, patched)):
@@ -230,6 +232,15 @@ def _pipelines() -> list[tuple[str, str]]:
     return [(name, pipeline) for name, (family, _) in examples().items() for pipeline in family.pipelines[:1]]
 
 
+class _VaeStandIn(torch.nn.Module):
+    """What a pipeline's __init__ reads of a video VAE (its latent channels and compression), nothing else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = type("Config", (), {"latent_channels": 32})()
+        self.temporal_compression_ratio, self.spatial_compression_ratio = 4, 16
+
+
 @pytest.mark.parametrize("name,pipeline", _pipelines())
 def test_the_family_pipeline_is_patched_whole(name, pipeline):
     """The family's diffusers pipeline, built around its tiny transformer (no encoders, VAE or scheduler needed to
@@ -240,7 +251,10 @@ def test_the_family_pipeline_is_patched_whole(name, pipeline):
     params = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
     model = build_model(name, small=True)
     slot = next(p for p in params if p in ("transformer", "unet"))
-    pipe = cls(**{p: None for p in params if p != slot}, **{slot: model})
+    components = {p: None for p in params if p != slot}
+    if pipeline.startswith("HunyuanVideo15"):  # its __init__ reads vae.config whenever a vae attribute exists (upstream)
+        components["vae"] = _VaeStandIn()
+    pipe = cls(**components, **{slot: model})
     tokenmerge.apply_patch(pipe, method="auto")
     assert tokenmerge.get_config(model) is not None and tokenmerge.get_config(pipe).method == "auto"
     tokenmerge.remove_patch(pipe)

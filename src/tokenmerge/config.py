@@ -46,6 +46,20 @@ def _as_real(name: str, value: Any, allowed: str) -> float:
     return float(value)
 
 
+def _as_factor(value: Any) -> int | tuple[int, int, int]:
+    """``kv_factor``: an int >= 1, or a (t, h, w) sequence of three."""
+    allowed = "an int >= 1 or a (t, h, w) tuple of ints >= 1"
+    if isinstance(value, (tuple, list)):
+        if len(value) != 3:
+            raise ValueError(f"kv_factor must be {allowed}, got {value!r}")
+        factors = tuple([_as_int("kv_factor", v, allowed) for v in value])
+    else:
+        factors = (_as_int("kv_factor", value, allowed),)
+    if min(factors) < 1:
+        raise ValueError(f"kv_factor must be {allowed}, got {value!r}")
+    return factors[0] if len(factors) == 1 else factors
+
+
 def _as_bool(name: str, value: Any) -> bool:
     value = _scalar(value)
     if not _is_bool(value):
@@ -73,6 +87,8 @@ class TokenMergeConfig:
       level has no attention, so tomesd's default of 1 does nothing there). Transformers (SD3, Flux, PixArt)
       have one level, 1: any value other than ``None`` is rejected there.
     - sx, sy: window of the destination grid, in tokens (on a transformer: in patch tokens).
+    - st: frames of that window on a video's (frames, height, width) grid: one destination per st×sy×sx tokens
+      (1: every frame has its own destinations; sources still match destinations of any frame). Images ignore it.
     - use_rand: pick the destination token of each window at random (derived from ``seed``, the block and
       the timestep; see :mod:`tokenmerge.algorithms.randomness`) instead of top-left.
     - merge_attn / merge_crossattn / merge_mlp: which sub-layers run on the merged tokens. ``merge_mlp=None``
@@ -81,10 +97,11 @@ class TokenMergeConfig:
     - seed: seed of the random partition, any int (all its bits count). ``None`` means 0.
     - method: ``"tome"`` (token merging), ``"todo"`` (token downsampling, arXiv 2402.13573: queries keep
       every token, self-attention keys and values come from a copy of the image tokens downsampled by
-      ``kv_factor`` with ``kv_interpolation``; ``ratio``, ``sx``, ``sy``, ``use_rand``, ``seed`` and the
+      ``kv_factor`` (an int: each spatial side, frames kept; or ``(t, h, w)``: frames too, on video; on an
+      image the last two) with ``kv_interpolation``; ``ratio``, ``sx``, ``sy``, ``use_rand``, ``seed`` and the
       ``merge_*`` options do not apply), or ``"auto"`` (token downsampling with a factor picked per block
-      from its token count: see :func:`tokenmerge.planning.auto_kv_factor`).
-    - auto_max_keys, auto_min_tokens: method auto's key budget per self-attention (lower is faster and
+      from its token grid: see :func:`tokenmerge.planning.auto_kv_factors`).
+    - auto_max_keys, auto_min_tokens: method auto's key budget per self-attention (per frame on a video; lower is faster and
       coarser) and the grid size up to which a block is left alone.
     - share_plan: one matching per level and call, computed in the level's first block and reused by the
       others (ToMe; changes the result, saves the matching of every other block).
@@ -97,13 +114,14 @@ class TokenMergeConfig:
     max_downsample: int | None = None
     sx: int = 2
     sy: int = 2
+    st: int = 1
     use_rand: bool = True
     merge_attn: bool = True
     merge_crossattn: bool = False
     merge_mlp: bool | None = None
     seed: int | None = None
     method: str = "tome"
-    kv_factor: int = 2
+    kv_factor: int | tuple[int, int, int] = 2
     kv_interpolation: str = "nearest-exact"
     auto_max_keys: int = 512
     auto_min_tokens: int = 1024
@@ -119,7 +137,8 @@ class TokenMergeConfig:
         if math.isnan(ratio) or not 0 <= ratio < 1:
             raise ValueError(f"ratio must be a number in [0, 1), got {self.ratio!r}")
         put("ratio", ratio)
-        for name in ("sx", "sy", "kv_factor", "reuse_steps", "auto_max_keys", "auto_min_tokens"):
+        put("kv_factor", _as_factor(self.kv_factor))
+        for name in ("sx", "sy", "st", "reuse_steps", "auto_max_keys", "auto_min_tokens"):
             value = _as_int(name, getattr(self, name), "an int >= 1")
             if value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -150,6 +169,14 @@ class TokenMergeConfig:
         """The largest ratio the sx×sy destination grid can reach: all but one token per window."""
         return 1.0 - 1.0 / (self.sx * self.sy)
 
+    def kv_factors(self, rank: int) -> tuple[int, ...]:
+        """``kv_factor`` per axis of a grid of ``rank`` axes: an int on the two spatial axes (frames kept), a
+        ``(t, h, w)`` tuple aligned on the last axes."""
+        if isinstance(self.kv_factor, int):
+            return (self.kv_factor,) if rank == 1 else (1,) * (rank - 2) + (self.kv_factor, self.kv_factor)
+        factors = (1,) * max(0, rank - 3) + self.kv_factor
+        return factors[-rank:]
+
     def warn_if_capped(self, stacklevel: int = 3) -> None:
         """Warn (never cap silently) when ``ratio`` exceeds what the destination grid can reach."""
         if self.method == "tome" and self.ratio > self.max_ratio:
@@ -170,7 +197,7 @@ class TokenMergeConfig:
         """True when these options leave every block unchanged (ratio 0 for tome, factor 1 for todo)."""
         if self.method == "auto":
             return False
-        return self.ratio == 0 if self.method == "tome" else self.kv_factor == 1
+        return self.ratio == 0 if self.method == "tome" else self.kv_factor in (1, (1, 1, 1))
 
     def merges_level(self, level: int, top_level: int) -> bool:
         """Whether blocks at downsampling ``level`` are patched: up to ``max_downsample``, else up to
@@ -192,7 +219,7 @@ class TokenMergeConfig:
 
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TokenMergeConfig))
 # Options only one kind of method reads: ToMe's matching, token downsampling's factor and interpolation, auto's budget.
-_TOME_ONLY = ("ratio", "sx", "sy", "use_rand", "merge_crossattn", "merge_mlp", "seed", "share_plan", "reuse_steps", "match_dtype")
+_TOME_ONLY = ("ratio", "sx", "sy", "st", "use_rand", "merge_crossattn", "merge_mlp", "seed", "share_plan", "reuse_steps", "match_dtype")
 _AUTO_ONLY = ("auto_max_keys", "auto_min_tokens")
 
 

@@ -9,7 +9,7 @@ from .algorithms import TokenGrid
 from .config import TokenMergeConfig
 from .families import discover, get, roots_of
 from .hooks import PatchState, states_in
-from .planning import kv_factor_for, merge_count
+from .planning import BlockAction, kv_factors_for, merge_count
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,11 @@ def _action(config: TokenMergeConfig, spans: tuple[str, ...], level: int, grid: 
     if config.method == "tome":
         r = merge_count(config, grid)
         return f"merge {r} of {n} tokens ({grid}) in {', '.join(spans)}" if r > 0 else f"unchanged ({grid} grid too small)"
-    factor = kv_factor_for(config, n)
-    if factor == 1:
+    factors = kv_factors_for(config, grid)
+    if max(factors) == 1:
         return f"unchanged ({n} tokens: at most auto_min_tokens)" if config.method == "auto" else "unchanged"
-    kept = grid.reduced(grid.spatial(factor, factor))
-    return f"keys/values {n} -> {kept.numel} (factor {factor}, {grid} -> {kept})"
+    kept = grid.reduced(factors)
+    return f"keys/values {n} -> {kept.numel} (factor {BlockAction(kv_grid=grid, kv_factors=factors).kv_label}, {grid} -> {kept})"
 
 
 def _describe(patch: PatchState, grid: TokenGrid | None) -> DenoiserDescription:
@@ -93,7 +93,8 @@ def _describe(patch: PatchState, grid: TokenGrid | None) -> DenoiserDescription:
 
 def describe(model: Any, grid: TokenGrid | tuple[int, ...] | None = None) -> PatchDescription:
     """Which blocks a patch reaches and what each does; with ``grid`` (the token grid of the highest-resolution
-    level: the latent's (h, w) for a UNet, the patch grid for a transformer), what each does at that size."""
+    level: the latent's (h, w) for a UNet, the patch grid for a transformer, (frames, h, w) for a video one), what
+    each does at that size."""
     found = None if grid is None else TokenGrid.of(grid)
     states = states_in(roots_of(model))
     if not states:

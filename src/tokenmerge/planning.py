@@ -43,6 +43,14 @@ class BlockAction:
         return self.kv_factors[-1] if self.kv_factors else 1
 
     @property
+    def kv_label(self) -> str:
+        """The factors as a user writes them: ``3`` (each spatial side) or ``2x3x3`` (frames x height x width)."""
+        leading, spatial = self.kv_factors[:-2], self.kv_factors[-2:]
+        if all([f == 1 for f in leading]) and len(set(spatial)) <= 1:
+            return str(self.kv_factor)
+        return "x".join(map(str, self.kv_factors))
+
+    @property
     def idle(self) -> bool:
         return self.plan is None and self.kv_grid is None
 
@@ -68,16 +76,34 @@ def auto_kv_factor(tokens: int, max_keys: int, min_tokens: int) -> int:
     return max(2, math.ceil(math.sqrt(tokens / max_keys)))
 
 
-def kv_factor_for(config: TokenMergeConfig, tokens: int) -> int:
-    """The key/value downsampling factor of a block with ``tokens`` image tokens (1 = leave it alone)."""
+def auto_kv_factors(grid: TokenGrid, max_keys: int, min_tokens: int) -> tuple[int, ...]:
+    """method="auto": the key/value factor per axis of ``grid``.
+
+    An image (or a one-frame video) gets :func:`auto_kv_factor` on both sides. A video of more than
+    ``min_tokens`` tokens keeps every second frame's keys (latent frames are already 4 video frames apart and
+    still alike; the model keeps every query) and each frame gets the image rule with ``max_keys`` per frame, so
+    the key count grows with the frames, as the video's own detail does.
+    """
+    if grid.rank < 3 or grid.shape[0] == 1:
+        f = auto_kv_factor(grid.numel, max_keys, min_tokens)
+        return grid.spatial(f, f)
+    if grid.numel <= min_tokens:
+        return (1,) * grid.rank
+    frame = math.prod(grid.shape[-2:])
+    f = auto_kv_factor(frame, max_keys, min_tokens)
+    return (1,) * (grid.rank - 3) + (2, f, f)
+
+
+def kv_factors_for(config: TokenMergeConfig, grid: TokenGrid) -> tuple[int, ...]:
+    """The key/value downsampling factor per axis of a block on ``grid`` (all 1 = leave it alone)."""
     if config.method == "auto":
-        return auto_kv_factor(tokens, config.auto_max_keys, config.auto_min_tokens)
-    return config.kv_factor
+        return auto_kv_factors(grid, config.auto_max_keys, config.auto_min_tokens)
+    return config.kv_factors(grid.rank)
 
 
 def window_of(config: TokenMergeConfig, grid: TokenGrid) -> tuple[int, ...]:
-    """The destination window of ToMe on ``grid``: sy×sx on the spatial axes, one token on the others."""
-    return grid.spatial(config.sx, config.sy)
+    """The destination window of ToMe on ``grid``: sy×sx on the spatial axes, st frames on a video's."""
+    return grid.spatial(config.sx, config.sy, config.st)
 
 
 def merge_count(config: TokenMergeConfig, grid: TokenGrid) -> int:
@@ -126,7 +152,7 @@ def decide(
     if config.is_identity or grid is None or not config.merges_level(level, top_level):
         return IDLE
     if config.method != "tome":
-        factor = kv_factor_for(config, grid.numel)
-        return BlockAction(kv_grid=grid, kv_factors=grid.spatial(factor, factor)) if factor > 1 else IDLE
+        factors = kv_factors_for(config, grid)
+        return BlockAction(kv_grid=grid, kv_factors=factors) if max(factors) > 1 else IDLE
     plan = make_plan()
     return IDLE if plan is None else BlockAction(plan=plan)

@@ -3,7 +3,7 @@
 
 from .downsample import downsample_keys, downsample_mask_columns, downsample_tokens, nearest_indices
 from .grid import Segment, TokenGrid, TokenLayout
-from .merge import MergePlan, batch_metric, bipartite_soft_matching, grid_partition
+from .merge import MergePlan, batch_metric, best_destinations, bipartite_soft_matching, grid_partition
 from .randomness import fold_seed, hash32, hash_ints, random_offsets, timestep_keys
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "TokenGrid",
     "TokenLayout",
     "batch_metric",
+    "best_destinations",
     "bipartite_soft_matching",
     "downsample_keys",
     "downsample_mask_columns",

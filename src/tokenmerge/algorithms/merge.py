@@ -127,7 +127,7 @@ def bipartite_soft_matching(
         d = metric.gather(1, dst_pos[..., None].expand(-1, -1, c))
         if dtype is not None:
             a, d = a.to(dtype), d.to(dtype)
-        node_max, node_idx = (a @ d.transpose(-1, -2)).max(dim=-1)
+        node_max, node_idx = best_destinations(a, d)
         order = node_max.argsort(dim=-1, descending=True)
         merged, unmerged = order[:, :r], order[:, r:]
         num_unmerged = unmerged.shape[1]
@@ -141,6 +141,24 @@ def bipartite_soft_matching(
         unmerge_idx.scatter_(1, keep_idx, torch.arange(kept, device=metric.device).expand(b, -1))
         unmerge_idx.scatter_(1, src_idx, dst_slot)
     return MergePlan(keep_idx, src_idx, dst_slot, counts[..., None], unmerge_idx)
+
+
+# Elements of the (B, sources, destinations) similarity matrix computed at once (256 MB in fp32): a 480p video's 33k
+# tokens would need 0.8 GB per sample in one piece, SD at 2048 px 3.2 GB; above this the sources go in chunks.
+SIMILARITY_CHUNK = 1 << 26
+
+
+def best_destinations(a: torch.Tensor, d: torch.Tensor, chunk: int = SIMILARITY_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each source's best cosine similarity and destination, (B, Ns) each, from unit-normalised sources ``a``
+    (B, Ns, C) and destinations ``d`` (B, Nd, C), without holding more than ``chunk`` similarities at once
+    (the rows are independent: the result is the dense one's)."""
+    b, ns, nd = a.shape[0], a.shape[1], d.shape[1]
+    dt = d.transpose(-1, -2)
+    if b * ns * nd <= chunk:
+        return (a @ dt).max(dim=-1)
+    rows = max(1, chunk // max(1, b * nd))
+    parts = [(a[:, i : i + rows] @ dt).max(dim=-1) for i in range(0, ns, rows)]
+    return torch.cat([p.values for p in parts], dim=1), torch.cat([p.indices for p in parts], dim=1)
 
 
 def batch_metric(metric: torch.Tensor) -> torch.Tensor:

@@ -51,7 +51,7 @@ class Example:
 
     ``cls``: the diffusers class; ``config``: the published checkpoint's config; ``small``: overrides for a tiny
     model of the same structure; ``inputs(model, height, width, batch, seed, text_tokens)``: keyword inputs at a
-    (height, width) latent; ``blocks(config, n)``: the config with only the first ``n`` blocks; ``text_tokens``:
+    (height, width) latent (video models: also ``frames``, latent frames); ``blocks(config, n)``: the config with only the first ``n`` blocks; ``text_tokens``:
     the pipeline's default text length; ``output``: how to read the denoised latent from the model's output."""
 
     cls: str
@@ -62,6 +62,9 @@ class Example:
     blocks: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
     output: Callable[[Any], torch.Tensor] | None = None
     latent_multiple: int = 2  # latent sizes the model accepts are multiples of this
+    frames: int = 0  # a video model: the latent frames of its pipeline's default video (``inputs`` takes ``frames``)
+    vae_factor: int = 8  # px per latent cell (a video bench's sizes are px)
+    frame_factor: int = 4  # video frames per latent frame after the VAE's causal first one
 
 
 @dataclass(frozen=True)

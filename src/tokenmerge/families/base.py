@@ -14,6 +14,8 @@ image segment is ever reduced.
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -194,6 +196,73 @@ class ImageGrid:
         return TokenLayout.joint(self.order, grid, text_length(self.text(args, kwargs)))
 
 
+class PerTokenTimestep:
+    """Whether a call's ``timestep`` is per token (B, N): image-to-video models (Wan 2.2 TI2V, LTX-2) mark their
+    first latent frame, the clean condition image, with timestep 0 that way (read from its shape: no host sync)."""
+
+    def __init__(self, root: torch.nn.Module, name: str = "timestep") -> None:
+        self.timestep = Argument(root, name)
+
+    def __call__(self, args: tuple, kwargs: dict) -> bool:
+        t = self.timestep(args, kwargs)
+        return isinstance(t, torch.Tensor) and t.ndim == 2
+
+
+class VideoGrid:
+    """The video tokens of a (B, C, F, H, W) first input, patched by ``patch`` (frames, height, width): a
+    ``(frames, h, w)`` grid (Wan, HunyuanVideo: frame-major, row-major within a frame). With
+    ``first_frame_reference`` (a callable of the call's (args, kwargs)), the first latent frame is a reference
+    segment of its own, never reduced, when it says so (Wan 2.2 TI2V: the clean image it animates). With ``text``
+    (a root argument), the joint sequence [video; text] of a model whose blocks append the text themselves."""
+
+    def __init__(
+        self,
+        patch: tuple[int, int, int],
+        tokens: Argument | None = None,
+        first_frame_reference: Callable[[tuple, dict], bool] | None = None,
+        text: Argument | None = None,
+    ) -> None:
+        self.patch = tuple(patch)
+        self.tokens = tokens
+        self.first_frame_reference = first_frame_reference
+        self.text = text
+
+    def __call__(self, args: tuple, kwargs: dict) -> TokenLayout | None:
+        x = self.tokens(args, kwargs) if self.tokens is not None else (args[0] if args else kwargs.get("hidden_states"))
+        if not isinstance(x, torch.Tensor) or x.ndim != 5:
+            return None
+        pt, ph, pw = self.patch
+        frames, h, w = x.shape[2] // pt, x.shape[3] // ph, x.shape[4] // pw
+        text = 0 if self.text is None else text_length(self.text(args, kwargs))
+        if self.first_frame_reference is not None and frames > 1 and self.first_frame_reference(args, kwargs):
+            grid = TokenGrid((frames - 1, h, w), patch=self.patch)
+            return TokenLayout.joint(("reference", "image", "text"), grid, text, (TokenGrid((1, h, w), patch=self.patch),))
+        return TokenLayout.joint(("image", "text"), TokenGrid((frames, h, w), patch=self.patch), text)
+
+
+class PackedVideoGrid:
+    """The (frames, h, w) grid of packed video tokens (B, N, C) from the call's ``num_frames``, ``height``, ``width``
+    (LTX-Video, LTX-2: latent sizes, over the patch sizes); a per-token timestep makes the first frame a reference."""
+
+    def __init__(self, root: torch.nn.Module) -> None:
+        self.tokens = Argument(root, "hidden_states")
+        self.sizes = [Argument(root, name) for name in ("num_frames", "height", "width")]
+        self.patch = (root.config.patch_size_t, root.config.patch_size, root.config.patch_size)
+        self.first_frame_reference = PerTokenTimestep(root)
+
+    def __call__(self, args: tuple, kwargs: dict) -> TokenLayout | None:
+        x, sizes = self.tokens(args, kwargs), [read(args, kwargs) for read in self.sizes]
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or not all(isinstance(s, numbers.Integral) for s in sizes):
+            return None
+        shape = tuple(int(s) // p for s, p in zip(sizes, self.patch))
+        if math.prod(shape) != x.shape[1]:
+            return None
+        frames, h, w = shape
+        if frames > 1 and self.first_frame_reference(args, kwargs):
+            return TokenLayout.joint(("reference", "image"), TokenGrid((frames - 1, h, w), patch=self.patch), 0, (TokenGrid((1, h, w)),))
+        return TokenLayout.image_only(TokenGrid(shape, patch=self.patch))
+
+
 def text_length(text: Any) -> int:
     """Tokens of a (B, S, C) text tensor (0 for None)."""
     return text.shape[1] if isinstance(text, torch.Tensor) and text.ndim == 3 else 0
@@ -223,6 +292,28 @@ def basic_block(module: torch.nn.Module, recompute_method: str | None = None) ->
         kv_sites.append(KeyValueSite(attn1, context_kwarg=context, mask_kwarg=mask))
     input_name = "hidden_states" if "hidden_states" in inspect.signature(type(module).forward).parameters else "x"
     return BlockLayout(module, spans, kv_sites, input_name=input_name, recompute_method=recompute_method, kind=type(module).__name__)
+
+
+def self_cross_block(
+    block: torch.nn.Module,
+    *,
+    names: tuple[str, str, str] = ("attn1", "attn2", "ffn"),
+    follows: tuple[Follow, ...] = (),
+    shared_by_batch: bool = False,
+    input_name: str = "hidden_states",
+) -> BlockLayout:
+    """A DiT block of self-attention, cross-attention to the text and MLP on the image tokens alone, with positions
+    applied inside the self-attention (Wan's rotary ``(cos, sin)``): each sub-layer a merged span of its own, the
+    self-attention's ``follows`` gathered with the merge, its keys and values reduced at the attention call (after
+    the rotary embedding). ``input_name``: the block argument the tokens are matched on."""
+    spans = []
+    for name, option in zip(names, ("merge_attn", "merge_crossattn", "merge_mlp")):
+        sub = _module(block, name)
+        if sub is not None:
+            bound = tuple((sub, f) for f in follows) if option == "merge_attn" else ()
+            spans.append(Span(option, sub, sub, follows=bound, name=name))
+    kv = [KeyValueSite(_module(block, names[0]), stream="image")]
+    return BlockLayout(block, spans, kv, input_name=input_name, plan_shared_by_batch=shared_by_batch, kind=type(block).__name__)
 
 
 def _module(block: torch.nn.Module, name: str | None) -> torch.nn.Module | None:

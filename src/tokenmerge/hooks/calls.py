@@ -210,7 +210,7 @@ class PlanBlock:
         elif action.kv_grid is not None and any(f > s for f, s in zip(action.kv_factors, grid.shape)):
             kept = grid.reduced(action.kv_factors)
             self.warnings.warn_once(
-                f"key/value factor {action.kv_factor} exceeds a side of its {grid} token grid: its {grid.numel} keys "
+                f"key/value factor {action.kv_label} exceeds a side of its {grid} token grid: its {grid.numel} keys "
                 f"become {kept.numel} ({kept})"
             )
 

@@ -106,11 +106,20 @@ def build_model(
 
 
 def transformer_inputs(
-    model: torch.nn.Module, name: str, height: int, width: int, batch: int = 2, seed: int = 0, text_tokens: int | None = None
+    model: torch.nn.Module,
+    name: str,
+    height: int,
+    width: int,
+    batch: int = 2,
+    seed: int = 0,
+    text_tokens: int | None = None,
+    frames: int | None = None,
 ) -> dict[str, Any]:
-    """Keyword inputs for one transformer forward at a (height, width) latent, as its pipeline passes them."""
+    """Keyword inputs for one transformer forward at a (height, width) latent, as its pipeline passes them; a video
+    model's at ``frames`` latent frames (default: its inputs' own, a few)."""
     example = examples()[name][1]
-    return example.inputs(model, height, width, batch, seed, example.text_tokens if text_tokens is None else text_tokens)
+    extra = {"frames": frames} if example.frames and frames is not None else {}
+    return example.inputs(model, height, width, batch, seed, example.text_tokens if text_tokens is None else text_tokens, **extra)
 
 
 def transformer_output(name: str, output: Any) -> torch.Tensor:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 from .. import describe, patched
 from ..families import examples
 from .architectures import TRANSFORMERS, UNETS, VAE_FACTOR, build_model, denoised, transformer_inputs, unet_inputs
-from .progress import progress_bar
+from .progress import progress_bar, wait_while_paused
 from .specs import PatchSpec, available
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
@@ -44,9 +44,28 @@ def default_specs(ratio: float = 0.5, model: str = "sd15") -> list[PatchSpec]:
     return ([PatchSpec.parse(f"tomesd:{ratio}")] if model in UNETS else []) + specs
 
 
+class VideoSize(NamedTuple):
+    """A video bench size: height and width in px, frames of video (the key of a video model's rows)."""
+
+    height: int
+    width: int
+    frames: int
+
+    def __str__(self) -> str:
+        return f"{self.height}x{self.width} px, {self.frames} frames"
+
+
+Size = int | VideoSize  # an image's side in px, or a video's size
+
+
+def _pixels(size: Size) -> float:
+    """Pixels (times frames) of a size: what the time of a forward grows with, about as its 1.5th power."""
+    return float(size * size) if isinstance(size, int) else float(size.height * size.width * size.frames)
+
+
 @dataclass
 class Row:
-    size_px: int
+    size_px: int  # the side of a square image, or a video's height
     variant: str
     median_s: float
     speedup: float
@@ -58,6 +77,12 @@ class Row:
     min_s: float = 0.0
     max_s: float = 0.0
     attention_share: float | None = None  # vanilla rows: share of the time in image attention
+    width_px: int | None = None  # video rows: the width, and the frames of video
+    frames: int | None = None
+
+    @property
+    def size(self) -> Size:
+        return self.size_px if self.frames is None else VideoSize(self.size_px, self.width_px or self.size_px, self.frames)
 
     @property
     def ceiling(self) -> float | None:
@@ -184,7 +209,7 @@ def _fidelity(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
 def time_variants(
     variants: list[Variant],
-    inputs_by_size: dict[int, Callable[[], dict[str, Any]]],
+    inputs_by_size: dict[Size, Callable[[], dict[str, Any]]],
     repeats: int,
     device: torch.device = torch.device("cpu"),
     log: Callable[[str], None] = print,
@@ -194,16 +219,16 @@ def time_variants(
     time then includes the attention timer's small overhead).
 
     Before each size after the first, the time is estimated from the previous size's warm-up round
-    (scaled by the cube of the size ratio: between linear-in-tokens convolutions and quadratic attention).
+    (scaled by the 1.5th power of the pixel ratio: between linear-in-tokens layers and quadratic attention).
     """
     bar = progress_bar(len(inputs_by_size) * len(variants) * (repeats + 1), "bench")
     say = log if bar is None else lambda message: bar.write(message, file=sys.stderr)  # on a line of its own, not on the bar
     rows: list[Row] = []
-    previous: tuple[int, float] | None = None
+    previous: tuple[Size, float] | None = None
     for size, make_inputs in inputs_by_size.items():
         if previous is not None:
-            estimate = previous[1] * (size / previous[0]) ** 3 * (repeats + 1)
-            say(f"{size} px: about {estimate / 60:.1f} min (estimated from {previous[0]} px)")
+            estimate = previous[1] * (_pixels(size) / _pixels(previous[0])) ** 1.5 * (repeats + 1)
+            say(f"{_label(size)}: about {estimate / 60:.1f} min (estimated from {_label(previous[0])})")
         inputs = make_inputs()
         outputs: dict[str, torch.Tensor] = {}
         times: dict[str, list[float]] = {v.name: [] for v in variants}
@@ -213,6 +238,7 @@ def time_variants(
             round_started = time.perf_counter()
             shift = rep % len(variants)  # rotate the order each round: no variant always runs first
             for variant in variants[shift:] + variants[:shift]:
+                wait_while_paused()
                 timer = AttentionTimer(device) if rep == 0 and variant is variants[0] else None
                 with peak_memory(device) as peak:
                     t0 = time.perf_counter()
@@ -237,16 +263,17 @@ def time_variants(
                 warmup = time.perf_counter() - round_started
                 previous = (size, warmup)
                 if repeats:
-                    say(f"{size} px: warm-up round {warmup:.1f} s; about {warmup * repeats / 60:.1f} min to go for this size")
+                    say(f"{_label(size)}: warm-up round {warmup:.1f} s; about {warmup * repeats / 60:.1f} min to go for this size")
         base = statistics.median(times[variants[0].name])
         for variant in variants:
             t = times[variant.name]
             median = statistics.median(t)
             cosine, rel_l2 = _fidelity(outputs[variant.name], outputs[variants[0].name])
             share = attention_share if variant is variants[0] else None
+            video = size if isinstance(size, VideoSize) else None
             rows.append(
                 Row(
-                    size,
+                    size if video is None else video.height,
                     variant.name,
                     median,
                     base / median,
@@ -256,6 +283,8 @@ def time_variants(
                     min(t),
                     max(t),
                     share,
+                    None if video is None else video.width,
+                    None if video is None else video.frames,
                 )
             )
     if bar is not None:
@@ -263,9 +292,13 @@ def time_variants(
     return rows
 
 
+def _label(size: Size) -> str:
+    return f"{size} px" if isinstance(size, int) else str(size)
+
+
 def run_bench(
     model: str = "sd15",
-    sizes_px: tuple[int, ...] = (512,),
+    sizes_px: tuple[int | tuple[int, int], ...] = (512,),
     batch: int = 2,
     repeats: int = 2,
     specs: list[PatchSpec] | None = None,
@@ -276,11 +309,14 @@ def run_bench(
     compile: bool = False,
     blocks: int | None = None,
     steps: int = 0,
+    frames: tuple[int, ...] = (),
     log: Callable[[str], None] = print,
 ) -> list[Row]:
     """The diffusers model of ``model``: vanilla and each spec (default: :func:`default_specs`), one forward per
     variant, or (``steps`` > 0, UNets) one whole sampling loop of that many steps per variant, where specs may
-    combine tokenmerge with accelerators that work across steps (``auto+deepcache``)."""
+    combine tokenmerge with accelerators that work across steps (``auto+deepcache``). Sizes are px, square or
+    ``(height, width)``; a video model runs each size at each of ``frames`` (video frames; default: its
+    pipeline's)."""
     wanted = default_specs(model=model) if specs is None else specs
     if model in TRANSFORMERS and any(s.method == "tomesd" for s in wanted):
         raise ValueError(f"tomesd does not support {model} (it patches UNet BasicTransformerBlocks only); drop the tomesd rows")
@@ -319,15 +355,44 @@ def run_bench(
         variants = [Variant("vanilla", lambda inputs: _forward(net, inputs))]
         variants += [Variant(s.name, _patched(net, s, defaults)) for s in specs]
 
-    def make_inputs(size: int) -> dict[str, Any]:
-        latent = size // VAE_FACTOR
+    example = None if model in UNETS else examples()[model][1]
+    keys = bench_sizes(example, sizes_px, frames)
+
+    def make_inputs(size: Size) -> dict[str, Any]:
         if model in UNETS:
+            latent = size // VAE_FACTOR
             inputs = unet_inputs(net, latent, latent, batch=batch, seed=seed)
         else:
-            inputs = transformer_inputs(net, model, latent, latent, batch=batch, seed=seed, text_tokens=8 if small else None)
+            (height, width), latent_frames = latent_size(example, size)
+            extra = {} if latent_frames is None else {"frames": latent_frames}
+            inputs = transformer_inputs(net, model, height, width, batch=batch, seed=seed, text_tokens=8 if small else None, **extra)
         return {k: _to(v, net.device) for k, v in inputs.items()}
 
-    return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in sizes_px}, repeats, net.device, log)
+    return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in keys}, repeats, net.device, log)
+
+
+def bench_sizes(example: Any, sizes_px: tuple[int | tuple[int, int], ...], frames: tuple[int, ...]) -> list[Size]:
+    """The keys of a bench: square image sides, or, for a video model, (height, width, frames) for every size and
+    frame count (default frames: the pipeline's, from the example's latent frames)."""
+    video = example is not None and example.frames
+    if not video:
+        if frames:
+            raise ValueError("--frames is for video models (wan, cogvideox, hunyuanvideo15, ltx2, ...)")
+        bad = [s for s in sizes_px if not isinstance(s, int)]
+        if bad:
+            raise ValueError(f"image models take square sizes (e.g. 1024), got {'x'.join(map(str, bad[0]))}")
+        return list(sizes_px)
+    counts = frames or ((example.frames - 1) * example.frame_factor + 1,)
+    return [VideoSize(*((s, s) if isinstance(s, int) else s), f) for s in sizes_px for f in counts]
+
+
+def latent_size(example: Any, size: Size) -> tuple[tuple[int, int], int | None]:
+    """The latent (height, width) of a bench size and, for a video, its latent frames (the VAE's causal first
+    frame, then one latent frame per ``frame_factor`` video frames)."""
+    if isinstance(size, int):
+        return (size // VAE_FACTOR, size // VAE_FACTOR), None
+    f = example.vae_factor
+    return (size.height // f, size.width // f), (size.frames - 1) // example.frame_factor + 1
 
 
 def describe_model(model: str, small: bool, blocks: int | None) -> str:
@@ -402,9 +467,12 @@ def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu", t
     where = f"{torch.get_num_threads()} threads" if device == "cpu" else device
     width = max([24, *(len(r.variant) for r in rows)])
     lines = []
-    for size in sorted({r.size_px for r in rows}):
-        lines.append(f"\n{model}, {size}x{size} px ({size // VAE_FACTOR}x{size // VAE_FACTOR} latent), batch {batch}, {where}")
-        vanilla = next(r for r in rows if r.size_px == size)
+    for size in dict.fromkeys(r.size for r in rows):
+        if isinstance(size, int):
+            lines.append(f"\n{model}, {size}x{size} px ({size // VAE_FACTOR}x{size // VAE_FACTOR} latent), batch {batch}, {where}")
+        else:
+            lines.append(f"\n{model}, {size}, batch {batch}, {where}")
+        vanilla = next(r for r in rows if r.size == size)
         if vanilla.attention_share is not None:
             lines.append(
                 f"image attention: {vanilla.attention_share:.0%} of vanilla's time; ceiling of attention-only speed-ups {vanilla.ceiling:.2f}x"
@@ -413,12 +481,12 @@ def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu", t
             f"| {'variant':<{width}} | {'median s/' + timed:>16} | {'min-max s':>15} | {'speed-up':>8} | {'peak MiB':>8} | {'cosine':>8} | {'rel. L2':>8} |"
         )
         lines.append(f"|{'-' * (width + 2)}|{'-' * 18}|{'-' * 17}|{'-' * 10}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
-        for r in (r for r in rows if r.size_px == size):
+        for r in (r for r in rows if r.size == size):
             spread = f"{r.min_s:.2f}-{r.max_s:.2f}"
             lines.append(
                 f"| {r.variant:<{width}} | {r.median_s:>16.3f} | {spread:>15} | {r.speedup:>7.2f}x | {r.peak_mem_mb:>8.0f} | {r.cosine:>8.5f} | {r.rel_l2:>8.4f} |"
             )
-        lines += noise_notes([r for r in rows if r.size_px == size])
+        lines += noise_notes([r for r in rows if r.size == size])
     lines.append(legend(rounds, timed))
     return "\n".join(lines)
 

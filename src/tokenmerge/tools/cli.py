@@ -46,6 +46,7 @@ def _bench(args: argparse.Namespace) -> int:
                 compile=args.compile,
                 blocks=args.blocks,
                 steps=args.steps,
+                frames=tuple(args.frames),
                 log=log,
             )
         except ValueError as error:
@@ -150,11 +151,19 @@ def _support(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_size(value: str) -> int:
-    size = int(value)
-    if size < 64 or size % 64:
-        raise argparse.ArgumentTypeError(f"sizes must be multiples of 64 px (>= 64), got {value}")
-    return size
+def _positive_size(value: str) -> int | tuple[int, int]:
+    """A square side (1024) or, for video models, height x width (480x832): px, multiples of 16."""
+    try:
+        sides = [int(v) for v in value.lower().split("x")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"sizes are px like 1024 or 480x832, got {value}") from None
+    if len(sides) == 1:
+        if sides[0] < 64 or sides[0] % 64:
+            raise argparse.ArgumentTypeError(f"sizes must be multiples of 64 px (>= 64), got {value}")
+        return sides[0]
+    if len(sides) != 2 or min(sides) < 16 or any(s % 16 for s in sides):
+        raise argparse.ArgumentTypeError(f"a height x width size must be two multiples of 16 px, got {value}")
+    return sides[0], sides[1]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,8 +191,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_size,
         nargs="+",
         default=[768],
-        help="image sizes in px (latent = px/8); default 768, where on a 2-core CPU the speed-ups stand clear of the timing noise "
+        help="image sizes in px (latent = px/8), or height x width for video models; default 768, where on a 2-core CPU the speed-ups stand clear of the timing noise "
         "(at 512 px image attention is a sixth of the time and they do not)",
+    )
+    bench.add_argument(
+        "--frames",
+        type=int,
+        nargs="+",
+        default=[],
+        help="video models: video frames (e.g. 33 81; default: the pipeline's), each at every size (sizes may then be "
+        "height x width, e.g. 480x832)",
     )
     bench.add_argument("--batch", type=int, default=2, help="batch size (2 = one image with classifier-free guidance)")
     bench.add_argument(
@@ -194,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="SPEC",
         help="configurations beside vanilla, e.g. tomesd:0.5 tome:0.5 todo:2 auto 'tome:0.5,share_plan=true' "
-        "'tome:0.5,reuse_steps=3' 'tome:0.5,match_dtype=bfloat16' (default: tomesd:0.5 (UNets) tome:0.5 auto)",
+        "'tome:0.5,reuse_steps=3' 'tome:0.5,match_dtype=bfloat16' todo:2x2x2 (video: frames x height x width) (default: tomesd:0.5 (UNets) tome:0.5 auto)",
     )
     bench.add_argument(
         "--steps",

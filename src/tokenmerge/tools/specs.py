@@ -41,7 +41,7 @@ class PatchSpec:
     """One configuration to compare against vanilla."""
 
     method: str  # "none": an accelerator alone
-    value: float | None = None  # ratio (tome, tomesd) or key/value factor (todo); None for auto
+    value: float | tuple[int, ...] | None = None  # ratio (tome, tomesd) or key/value factor (todo: or (t, h, w)); None for auto
     options: dict[str, Any] = field(default_factory=dict)
     accelerators: tuple[str, ...] = ()
 
@@ -70,7 +70,14 @@ class PatchSpec:
             if not eq or name not in OPTION_NAMES or method == "tomesd":
                 raise ValueError(f"{spec!r}: options are name=value with a tokenmerge option ({', '.join(OPTION_NAMES)}), not for tomesd")
             options[name] = _parse_value(text)
-        parsed = cls(method, None if method == "auto" else float(value), options)
+        if method == "todo" and "x" in value:  # todo:2x2x2, a (t, h, w) factor for video
+            try:
+                factors: Any = tuple([int(v) for v in value.split("x")])
+            except ValueError:
+                raise ValueError(f"configuration must look like {_FORMAT}; got {spec!r}") from None
+            parsed = cls(method, factors, options)
+        else:
+            parsed = cls(method, None if method == "auto" else float(value), options)
         if method != "tomesd":
             TokenMergeConfig(**parsed.kwargs())  # reject bad values now, not after an hour of benchmarking
         return parsed
@@ -81,7 +88,7 @@ class PatchSpec:
         if self.method == "tome":
             base["ratio"] = self.value
         elif self.method == "todo":
-            base["kv_factor"] = int(self.value)  # type: ignore[arg-type]
+            base["kv_factor"] = self.value if isinstance(self.value, tuple) else int(self.value)  # type: ignore[arg-type]
         return base | self.options
 
     @property
@@ -92,9 +99,8 @@ class PatchSpec:
         if self.method == "tomesd":
             head = f"tomesd 0.1.3 r={self.value:g}"
         else:
-            head = {"tome": "tokenmerge r={:g}", "todo": "tokenmerge todo f={:g}", "auto": "tokenmerge auto"}[self.method].format(
-                self.value
-            )
+            value = "x".join(map(str, self.value)) if isinstance(self.value, tuple) else f"{self.value:g}" if self.value is not None else ""
+            head = {"tome": "tokenmerge r={}", "todo": "tokenmerge todo f={}", "auto": "tokenmerge auto"}[self.method].format(value)
             head += "".join(f" {k}={v}" for k, v in self.options.items())
         return " + ".join([head, *accelerators])
 

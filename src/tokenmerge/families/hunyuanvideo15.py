@@ -1,0 +1,147 @@
+"""HunyuanVideo 1.5 (text-to-video and image-to-video, 480p / 720p): dual-stream video DiT blocks.
+
+``HunyuanVideo15TransformerBlock``: the video stream (``norm1``, ``ff``) and the context stream (``norm1_context``,
+``ff_context``) meet in one joint attention (``attn``) whose processor applies the 3-D rotary table to the video
+queries and keys, appends the context after the video ([video; context]) and calls ``dispatch_attention_fn`` with a
+mask it builds from the context's mask, padded in front to the current length (so it follows a merge of the video).
+Merged: the video stream around ``attn`` (its output element 0) and ``ff``.
+
+Token layout, read at the root:
+
+- grid: ``hidden_states`` (B, C, F, H, W) over (``patch_size_t``, ``patch_size``, ``patch_size``), frame-major.
+  Image-to-video conditions by channels (the image latent and a mask) and by SigLIP tokens in the context: every
+  video token is generated.
+- context (never reduced): the Qwen2.5-VL text (``encoder_hidden_states``), the ByT5 glyph text
+  (``encoder_hidden_states_2``) and the 729 image tokens (``image_embeds``, zeros for text-to-video), which the
+  model reorders into one sequence after the video: its length is the sum of theirs.
+- rotary: ``image_rotary_emb = (cos, sin)``, each (N_video, D): video rows only, no batch dimension; gathered at
+  the kept rows (one plan per batch).
+
+Keys and values (todo/auto) are reduced at the dispatch call, after the rotary embedding; the mask's key columns
+follow (nearest interpolations; others leave masked calls unchanged, with a warning).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..algorithms import TokenGrid, TokenLayout
+from . import Example, Family
+from .base import Argument, Container, DenoiserLayout, Follow, joint_block, text_length
+
+ROTARY = Follow("image_rotary_emb", dim=0, stream="image")
+
+
+class VideoAndContext:
+    """[video; context]: the grid of ``hidden_states`` (B, C, F, H, W), the context's length summed over the three
+    sequences the model concatenates."""
+
+    def __init__(self, root: torch.nn.Module) -> None:
+        self.tokens = Argument(root, "hidden_states")
+        self.contexts = [Argument(root, name) for name in ("encoder_hidden_states", "encoder_hidden_states_2", "image_embeds")]
+        self.patch = (root.config.patch_size_t, root.config.patch_size, root.config.patch_size)
+
+    def __call__(self, args: tuple, kwargs: dict) -> TokenLayout | None:
+        x = self.tokens(args, kwargs)
+        if not isinstance(x, torch.Tensor) or x.ndim != 5:
+            return None
+        pt, p, _ = self.patch
+        grid = TokenGrid((x.shape[2] // pt, x.shape[3] // p, x.shape[4] // p), patch=self.patch)
+        context = sum(text_length(read(args, kwargs)) for read in self.contexts)
+        return TokenLayout.joint(("image", "text"), grid, context)
+
+
+def layout(module: torch.nn.Module) -> DenoiserLayout | None:
+    blocks = [
+        joint_block(b, follows=(ROTARY,), shared_by_batch=True)
+        for b in getattr(module, "transformer_blocks", [])
+        if isinstance(getattr(b, "attn", None), torch.nn.Module)
+    ]
+    if not blocks:
+        return None
+    return DenoiserLayout(module, [Container(module, blocks, 1, VideoAndContext(module))], "hunyuanvideo15", single_level=True)
+
+
+def inputs(model: torch.nn.Module, height: int, width: int, batch: int, seed: int, text_tokens: int, frames: int = 3) -> dict[str, Any]:
+    """The HunyuanVideo 1.5 pipelines' call at a (frames, height, width) latent: the prompt (every token valid),
+    an empty glyph text (ByT5, all masked, as for a prompt without quoted text), zero image tokens (text-to-video),
+    the latent with its condition channels; one call per guidance branch."""
+    config, g, dtype = model.config, torch.Generator().manual_seed(seed), model.dtype
+    glyph = 8 if text_tokens < 64 else 256
+    return {
+        "hidden_states": torch.randn(batch, config.in_channels, frames, height, width, generator=g).to(dtype),
+        "timestep": torch.full((batch,), 500.0),
+        "encoder_hidden_states": torch.randn(batch, text_tokens, config.text_embed_dim, generator=g).to(dtype),
+        "encoder_attention_mask": torch.ones(batch, text_tokens, dtype=torch.long),
+        "encoder_hidden_states_2": torch.zeros(batch, glyph, config.text_embed_2_dim).to(dtype),
+        "encoder_attention_mask_2": torch.zeros(batch, glyph, dtype=torch.long),
+        "image_embeds": torch.zeros(batch, 729 if text_tokens >= 64 else 4, config.image_embed_dim).to(dtype),
+        "return_dict": False,
+    }
+
+
+def first_blocks(config: dict[str, Any], n: int) -> dict[str, Any]:
+    return {**config, "num_layers": min(n, config["num_layers"])}
+
+
+# transformer/config.json of the HunyuanVideo-1.5 480p text-to-video model (the class's defaults; 16x VAE, patch 1).
+CONFIG = {
+    "in_channels": 65,
+    "out_channels": 32,
+    "num_attention_heads": 16,
+    "attention_head_dim": 128,
+    "num_layers": 54,
+    "num_refiner_layers": 2,
+    "mlp_ratio": 4.0,
+    "patch_size": 1,
+    "patch_size_t": 1,
+    "qk_norm": "rms_norm",
+    "text_embed_dim": 3584,
+    "text_embed_2_dim": 1472,
+    "image_embed_dim": 1152,
+    "rope_theta": 256.0,
+    "rope_axes_dim": (16, 56, 56),
+    "target_size": 640,
+    "task_type": "t2v",
+}
+SMALL = {
+    "in_channels": 9,
+    "out_channels": 4,
+    "num_attention_heads": 2,
+    "attention_head_dim": 16,
+    "num_layers": 2,
+    "num_refiner_layers": 1,
+    "text_embed_dim": 16,
+    "text_embed_2_dim": 8,
+    "image_embed_dim": 8,
+    "rope_axes_dim": (4, 6, 6),
+}
+# The prompt after the template (at most 1000 tokens, not padded: its own length); 256 stands for a typical one.
+TEXT_TOKENS = 256
+FAMILY = Family(
+    name="hunyuanvideo15",
+    title="HunyuanVideo 1.5",
+    classes=("HunyuanVideo15Transformer3DModel",),
+    layout=layout,
+    pipelines=("HunyuanVideo15Pipeline", "HunyuanVideo15ImageToVideoPipeline"),
+    # 121 frames (4x temporal VAE: 31 latent frames) at 480p (16x VAE: 30x53 tokens a frame, 848x480 px).
+    examples={
+        "hunyuanvideo15": Example(
+            "HunyuanVideo15Transformer3DModel",
+            CONFIG,
+            SMALL,
+            inputs,
+            TEXT_TOKENS,
+            first_blocks,
+            frames=31,
+            latent_multiple=1,
+            vae_factor=16,
+        )
+    },
+    notes="grid: hidden_states (B, C, F, H, W) / (patch_size_t, patch_size, patch_size), frame-major; context "
+    "(text, glyph text, image tokens; never reduced): after the video in the joint attention, its length the sum of "
+    "encoder_hidden_states, encoder_hidden_states_2 and image_embeds; rotary: image_rotary_emb (cos, sin), video rows "
+    "only, gathered at the kept rows (one plan per batch)",
+)
