@@ -193,3 +193,15 @@ def test_wan_pipeline_whole_sampling_loop(wan):
     assert patched.shape == vanilla.shape and not torch.equal(patched, vanilla)
     assert ((patched - vanilla).norm() / vanilla.norm()).item() < 0.5
     assert torch.equal(sample(), vanilla)
+
+
+def test_a_per_token_timestep_keys_the_partition_by_the_step_not_the_condition_frame():
+    from tokenmerge.algorithms import timestep_keys
+
+    step = lambda value: torch.cat([torch.zeros(1, 4), torch.full((1, 8), value)], 1)  # noqa: E731 (frame 0 is clean)
+    assert not torch.equal(
+        timestep_keys(1, 2, step(900.0), 1, torch.device("cpu")), timestep_keys(1, 2, step(500.0), 1, torch.device("cpu"))
+    )
+    assert torch.equal(
+        timestep_keys(1, 2, step(500.0), 1, torch.device("cpu")), timestep_keys(1, 2, torch.tensor([500.0]), 1, torch.device("cpu"))
+    )

@@ -128,7 +128,7 @@ def plan_merge(
     """
     metric = batch_metric(x.detach()) if shared_by_batch else x
     if shared_by_batch and timestep is not None:
-        timestep = timestep.flatten()[:1]
+        timestep = timestep.flatten()[:1] if timestep.ndim < 2 else timestep[:1]  # (per-token timesteps: the first sample's)
     window = window_of(config, grid)
     offsets = None
     if config.use_rand:

@@ -50,14 +50,20 @@ def fold_seed(seed: int) -> int:
 def timestep_keys(block_key: int, seed_key: int, timestep: torch.Tensor | None, batch: int, device: torch.device) -> torch.Tensor:
     """One 32-bit key per sample from (seed, block, timestep); samples with equal timesteps share a key.
 
-    ``timestep`` may hold one value, one per sample, or one per group of samples (video frames).
+    ``timestep`` may hold one value, one per sample, one per group of samples (video frames), or one per token of
+    each sample (image-to-video's per-token timesteps: a sample's largest, the step's, not its clean frame's 0).
     """
     base = torch.tensor([(block_key ^ seed_key) & MASK32], device=device, dtype=torch.int64)
     if timestep is None:
         return hash32(base)
     t = timestep.flatten().to(device)
     if t.numel() != 1:
-        t = t.repeat_interleave(batch // t.numel()) if batch % t.numel() == 0 else t[:1]
+        if batch % t.numel() == 0:
+            t = t.repeat_interleave(batch // t.numel())
+        elif t.numel() % batch == 0:
+            t = t.view(batch, -1).amax(1)
+        else:
+            t = t[:1]
     quantised = (t.double() * _TIMESTEP_SCALE).round().to(torch.int64)
     return hash32(base ^ hash32(quantised))
 
