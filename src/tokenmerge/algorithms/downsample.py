@@ -48,18 +48,27 @@ def nearest_indices(grid: TokenGrid, factors: tuple[int, ...], mode: str, device
     return F.interpolate(index, size=grid.reduced(factors).shape, mode=mode).flatten().round().long()
 
 
+def kept_columns(length: int, start: int, grid: TokenGrid, factors: tuple[int, ...], mode: str, device: torch.device) -> torch.Tensor:
+    """Positions of a sequence of ``length`` that a nearest downsampling of its image segment ``[start, start + N)``
+    keeps: every other token in place, the image's kept tokens in output order."""
+    keep = nearest_indices(grid, factors, mode, device) + start
+    if start == 0 and grid.numel == length:
+        return keep
+    return torch.cat([torch.arange(start, device=device), keep, torch.arange(start + grid.numel, length, device=device)])
+
+
 def downsample_keys(k: torch.Tensor, start: int, grid: TokenGrid, factors: tuple[int, ...], mode: str) -> torch.Tensor:
     """Downsample the image segment ``[start, start + N)`` of keys or values (B, H, S, D); the other tokens (text,
-    reference images) are kept as they are, in their place."""
+    reference images) are kept as they are, in their place. Nearest modes are one gather over the whole sequence
+    (a single new tensor beside the full keys: video attention is often where a block's memory peaks)."""
     n, s = grid.numel, k.shape[-2]
-    image = k[..., start : start + n, :]
     if mode in ("nearest", "nearest-exact"):
-        reduced = image.index_select(-2, nearest_indices(grid, factors, mode, k.device))
-    else:
-        b, heads, _, d = image.shape
-        planes = image.transpose(-1, -2).reshape(b * heads, d, *grid.shape)
-        reduced = F.interpolate(planes, size=grid.reduced(factors).shape, mode=_mode(mode, grid.rank)).flatten(2).transpose(1, 2)
-        reduced = reduced.reshape(b, heads, -1, d)
+        return k.index_select(-2, kept_columns(s, start, grid, factors, mode, k.device))
+    image = k[..., start : start + n, :]
+    b, heads, _, d = image.shape
+    planes = image.transpose(-1, -2).reshape(b * heads, d, *grid.shape)
+    reduced = F.interpolate(planes, size=grid.reduced(factors).shape, mode=_mode(mode, grid.rank)).flatten(2).transpose(1, 2)
+    reduced = reduced.reshape(b, heads, -1, d)
     if n == s:
         return reduced
     return torch.cat([k[..., :start, :], reduced, k[..., start + n :, :]], dim=-2)
@@ -67,7 +76,4 @@ def downsample_keys(k: torch.Tensor, start: int, grid: TokenGrid, factors: tuple
 
 def downsample_mask_columns(mask: torch.Tensor, start: int, grid: TokenGrid, factors: tuple[int, ...], mode: str) -> torch.Tensor:
     """The key columns of an attention mask (..., S) that a nearest downsampling of the image segment keeps."""
-    s, device = mask.shape[-1], mask.device
-    keep = nearest_indices(grid, factors, mode, device) + start
-    columns = torch.cat([torch.arange(start, device=device), keep, torch.arange(start + grid.numel, s, device=device)])
-    return mask.index_select(-1, columns)
+    return mask.index_select(-1, kept_columns(mask.shape[-1], start, grid, factors, mode, mask.device))

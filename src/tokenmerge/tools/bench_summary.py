@@ -16,8 +16,9 @@ def _speed(row: dict) -> str:
 
 def _target(px: int, vanilla: dict, tome: dict, auto: dict, ceiling: float, frames: int | None = None) -> str:
     if frames is not None:  # video: auto >= 2.0x per block at Wan's 480p x 81 frames; no variant above vanilla's memory
-        heavier = [r["variant"] for r in (tome, auto) if r["peak_mem_mb"] > vanilla["peak_mem_mb"] * 1.02]
-        memory = f"peak memory <= vanilla's: {'no (' + ', '.join(heavier) + ')' if heavier else 'yes'}"
+        base = max(vanilla["peak_mem_mb"], 1e-9)
+        change = ", ".join(f"{name} {r['peak_mem_mb'] / base - 1:+.1%}" for name, r in (("tome", tome), ("auto", auto)))
+        memory = f"peak memory against vanilla's: {change}"
         return (f"auto >= 2.0x: {'yes' if auto['speedup'] >= 2.0 else 'no'}; " if frames >= 81 else "") + memory
     if px <= 512:
         slower = [r for r in (tome, auto) if r["min_s"] > vanilla["max_s"]]
