@@ -205,3 +205,11 @@ def test_a_per_token_timestep_keys_the_partition_by_the_step_not_the_condition_f
     assert torch.equal(
         timestep_keys(1, 2, step(500.0), 1, torch.device("cpu")), timestep_keys(1, 2, torch.tensor([500.0]), 1, torch.device("cpu"))
     )
+
+
+@pytest.mark.parametrize("options", [dict(ratio=0.5, st=2), dict(method="todo", kv_factor=(2, 2, 2))], ids=["st", "kv_factor"])
+def test_frame_options_on_an_image_model_say_they_act_on_its_sides_only(options):
+    model = build_model("pixart", small=True)
+    inputs = transformer_inputs(model, "pixart", 16, 16, batch=1, text_tokens=TEXT)
+    with tokenmerge.patched(model, **options), pytest.warns(UserWarning, match="has no frames"), torch.no_grad():
+        model(**inputs)

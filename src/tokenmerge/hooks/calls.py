@@ -202,6 +202,12 @@ class PlanBlock:
         """Options that reach this block but cannot act on its grid are said once, with the effective value."""
         if config.is_identity or not config.merges_level(info.level, self.patch.layout.top_level):
             return
+        if grid.rank < 3:  # a frame option on an image acts on nothing but its sides
+            frame_option = f"st={config.st}" if config.method == "tome" and config.st > 1 else None
+            if config.method == "todo" and isinstance(config.kv_factor, tuple) and config.kv_factor[0] > 1:
+                frame_option = f"kv_factor={config.kv_factor}"
+            if frame_option:
+                self.warnings.warn_once(f"its {grid} token grid has no frames: {frame_option} acts on its spatial sides only")
         if config.method == "tome" and action.idle and merge_count(config, grid) == 0:
             self.warnings.warn_once(
                 f"its {grid} token grid holds no whole sy x sx = {config.sy}x{config.sx} destination window: nothing is "
