@@ -208,6 +208,24 @@ class PerTokenTimestep:
         return isinstance(t, torch.Tensor) and t.ndim == 2
 
 
+def clean_first_frame(batch: int, tokens: int, frame_tokens: int, t: float) -> torch.Tensor:
+    """What :class:`PerTokenTimestep` reads, as image-to-video pipelines pass it (the families' example inputs):
+    ``t`` on every token, 0 on the first latent frame's ``frame_tokens`` (the clean condition image)."""
+    timestep = torch.full((batch, tokens), t)
+    timestep[:, :frame_tokens] = 0.0
+    return timestep
+
+
+def video_layout(shape: tuple[int, int, int], patch: tuple[int, ...], condition_first: bool, text: int = 0) -> TokenLayout:
+    """[video; text] over a (frames, h, w) token grid; with ``condition_first`` the first frame is a reference
+    segment of its own (never reduced) and the later frames are the target."""
+    frames, h, w = shape
+    if condition_first and frames > 1:
+        grid = TokenGrid((frames - 1, h, w), patch=patch)
+        return TokenLayout.joint(("reference", "image", "text"), grid, text, (TokenGrid((1, h, w), patch=patch),))
+    return TokenLayout.joint(("image", "text"), TokenGrid(shape, patch=patch), text)
+
+
 class VideoGrid:
     """The video tokens of a (B, C, F, H, W) first input, patched by ``patch`` (frames, height, width): a
     ``(frames, h, w)`` grid (Wan, HunyuanVideo: frame-major, row-major within a frame). With
@@ -234,10 +252,8 @@ class VideoGrid:
         pt, ph, pw = self.patch
         frames, h, w = x.shape[2] // pt, x.shape[3] // ph, x.shape[4] // pw
         text = 0 if self.text is None else text_length(self.text(args, kwargs))
-        if self.first_frame_reference is not None and frames > 1 and self.first_frame_reference(args, kwargs):
-            grid = TokenGrid((frames - 1, h, w), patch=self.patch)
-            return TokenLayout.joint(("reference", "image", "text"), grid, text, (TokenGrid((1, h, w), patch=self.patch),))
-        return TokenLayout.joint(("image", "text"), TokenGrid((frames, h, w), patch=self.patch), text)
+        condition = self.first_frame_reference is not None and self.first_frame_reference(args, kwargs)
+        return video_layout((frames, h, w), self.patch, condition, text)
 
 
 class PackedVideoGrid:
@@ -257,10 +273,7 @@ class PackedVideoGrid:
         shape = tuple(int(s) // p for s, p in zip(sizes, self.patch))
         if math.prod(shape) != x.shape[1]:
             return None
-        frames, h, w = shape
-        if frames > 1 and self.first_frame_reference(args, kwargs):
-            return TokenLayout.joint(("reference", "image"), TokenGrid((frames - 1, h, w), patch=self.patch), 0, (TokenGrid((1, h, w)),))
-        return TokenLayout.image_only(TokenGrid(shape, patch=self.patch))
+        return video_layout(shape, self.patch, self.first_frame_reference(args, kwargs))
 
 
 def text_length(text: Any) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from . import Example, Family
-from .base import Container, DenoiserLayout, Follow, PackedVideoGrid, self_cross_block
+from .base import Container, DenoiserLayout, Follow, PackedVideoGrid, clean_first_frame, self_cross_block
 
 ROTARY = Follow("image_rotary_emb", dim=-2, stream="image")
 
@@ -53,8 +53,7 @@ def inputs(
     n = frames * height * width
     timestep = torch.full((batch,), 500.0)
     if condition_frame:
-        timestep = torch.full((batch, n), 500.0)
-        timestep[:, : height * width] = 0.0
+        timestep = clean_first_frame(batch, n, height * width, 500.0)
     return {
         "hidden_states": torch.randn(batch, n, config.in_channels, generator=g).to(dtype),
         "encoder_hidden_states": torch.randn(batch, text_tokens, config.caption_channels, generator=g).to(dtype),

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from . import Example, Family
-from .base import BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, PackedVideoGrid, Span
+from .base import BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, PackedVideoGrid, Span, clean_first_frame
 
 ROTARY = Follow("query_rotary_emb", dim=-2, stream="image")
 
@@ -72,8 +72,7 @@ def inputs(
     n = frames * height * width
     timestep: torch.Tensor = torch.full((batch,), 0.5)
     if condition_frame:
-        timestep = torch.full((batch, n), 0.5)
-        timestep[:, : height * width] = 0.0
+        timestep = clean_first_frame(batch, n, height * width, 0.5)
     return {
         "hidden_states": torch.randn(batch, n, config.in_channels, generator=g).to(dtype),
         "audio_hidden_states": torch.randn(batch, audio, config.audio_in_channels, generator=g).to(dtype),

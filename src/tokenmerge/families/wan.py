@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from . import Example, Family
-from .base import Argument, Container, DenoiserLayout, Follow, PerTokenTimestep, VideoGrid, self_cross_block
+from .base import Argument, Container, DenoiserLayout, Follow, PerTokenTimestep, VideoGrid, clean_first_frame, self_cross_block
 
 ROTARY = Follow("rotary_emb", dim=1, stream="image")
 
@@ -81,9 +81,7 @@ def inputs(
     if condition_frame:
         pt, ph, pw = config.patch_size
         per_frame = (height // ph) * (width // pw)
-        t = torch.full((batch, (frames // pt) * per_frame), 500.0)
-        t[:, :per_frame] = 0.0  # the condition frame is clean
-        found["timestep"] = t
+        found["timestep"] = clean_first_frame(batch, (frames // pt) * per_frame, per_frame, 500.0)
     return found
 
 
