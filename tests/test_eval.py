@@ -99,7 +99,7 @@ def test_model_card_is_generated_from_the_run(tiny_reference):
     assert "Layout check" in card and measured["layout"]["flat_psnr"] > 0 and np.isfinite(measured["layout"]["psnr"])
 
 
-@pytest.mark.parametrize("option", [{"crop_scale": (0.9, 0.5)}, {"crop_scale": (0.0, 1.0)}, {"ema": 1.0}, {"res": 40}, {"res": 0}])
+@pytest.mark.parametrize("option", [{"crop_scale": (0.9, 0.5)}, {"crop_scale": (0.0, 1.0)}, {"ema": 1.0}, {"res": 40}, {"res": 8}])
 def test_train_config_rejects_bad_options(option):
     with pytest.raises(ValueError, match=next(iter(option))):
         TrainConfig(**option)

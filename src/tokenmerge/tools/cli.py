@@ -70,9 +70,11 @@ def _eval(args: argparse.Namespace) -> int:
     from .evaluate import (
         ReferenceSampler,
         default_configs,
+        format_paired,
         format_results,
         make_sampler,
         nearest_class_accuracy,
+        paired_against,
         results_json,
         run_eval,
         save_grid,
@@ -86,7 +88,10 @@ def _eval(args: argparse.Namespace) -> int:
         configs = [PatchSpec.parse(spec) for spec in args.configs] if args.configs else default_configs()
     except (ValueError, TypeError) as error:
         raise SystemExit(f"tokenmerge eval: error: --configs: {error}") from error
-    sampler = make_sampler(args.model, args.size, args.steps, args.guidance)
+    try:
+        sampler = make_sampler(args.model, args.size, args.steps, args.guidance, args.frames)
+    except ValueError as error:
+        raise SystemExit(f"tokenmerge eval: error: {error}") from error
     seeds = list(range(args.seeds))
     bar = progress_bar(len(seeds) * (len(configs) + 1), "eval")
     results, images = run_eval(configs, seeds, sampler, sampler.target, progress=(lambda: bar.update(1)) if bar else (lambda: None))
@@ -94,7 +99,15 @@ def _eval(args: argparse.Namespace) -> int:
         bar.close()
     header = f"{sampler.describe()}, {args.steps} DDIM steps, CFG {args.guidance}, {len(seeds)} seeds, {torch.get_num_threads()} threads"
     print(format_results(results, header))
-    extra = {}
+    extra: dict = {}
+    if args.baseline:
+        baseline = PatchSpec.parse(args.baseline).name
+        try:
+            paired = paired_against(results, baseline)
+        except ValueError as error:
+            raise SystemExit(f"tokenmerge eval: error: {error}") from error
+        print(format_paired(paired))
+        extra["paired"] = paired
     if isinstance(sampler, ReferenceSampler):
         accuracy = nearest_class_accuracy(images["vanilla"], [sampler.label(s) for s in seeds], sampler.model.class_names)
         extra["vanilla_nearest_class_accuracy"] = accuracy
@@ -104,7 +117,8 @@ def _eval(args: argparse.Namespace) -> int:
         if args.structure:
             print(structure_table(sampler))
     if args.json:
-        meta = dict(model=args.model or "unet", size=args.size, steps=args.steps, seeds=len(seeds), **extra)
+        frames = {"frames": sampler.frames} if getattr(sampler, "frames", 0) else {}
+        meta = dict(model=args.model or "unet", size=sampler.size, steps=args.steps, seeds=len(seeds), **frames, **extra)
         Path(args.json).write_text(results_json(results, **meta))
     if args.grid:
         save_grid(images, args.grid)
@@ -133,6 +147,7 @@ def _train(args: argparse.Namespace) -> int:
             crop_scale=tuple(args.crop_scale),
             ema=args.ema,
             res=args.res,
+            frames=args.frames,
             init_from=args.init_from,
         )
         train(config, log=log)
@@ -261,7 +276,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--seeds", type=int, default=2, help="number of seeds (one image each); the README's tables use 8")
     ev.add_argument("--steps", type=int, default=20, help="DDIM steps")
-    ev.add_argument("--size", type=int, default=64, help="image size in px (the reference model works in pixel space)")
+    ev.add_argument(
+        "--size",
+        type=int,
+        default=None,
+        help="image size in px (default: the reference model's, 64 px, the video model's 32 px; a pipeline's 512 px)",
+    )
+    ev.add_argument("--frames", type=int, default=None, help="video reference model: frames per clip (default: the 8 it is trained on)")
+    ev.add_argument(
+        "--baseline",
+        metavar="SPEC",
+        help="also print each configuration's paired per-seed PSNR difference against this one (one of --configs, e.g. tome:0.5)",
+    )
     ev.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale")
     ev.add_argument("--threads", type=int, default=0)
     ev.add_argument("--json", metavar="PATH", help="also write the results as JSON")
@@ -277,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="train (or resume) a reference model on the photographs bundled in PyPI packages",
         description="Trains a small reference model (checkpointed every few minutes; an existing checkpoint in --out is resumed).",
     )
-    tr.add_argument("--kind", choices=KINDS[:3], default=d.kind)
+    tr.add_argument("--kind", choices=KINDS[:4], default=d.kind)
     tr.add_argument("--out", help="run folder (default: runs/KIND)")
     tr.add_argument("--hours", type=float, default=d.hours, help="wall-time budget of this invocation")
     tr.add_argument("--steps", type=int, default=0, help="stop at this step (default: only the time budget)")
@@ -299,7 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--res",
         type=int,
         default=d.res,
-        help=f"training resolution in px of this invocation (default {d.res}, the evaluation size; 32 for a cheap first phase)",
+        help="training resolution in px of this invocation (default: the evaluation size, 64 px, the video model's 32 px; 32 for a cheap first phase)",
+    )
+    tr.add_argument(
+        "--frames",
+        type=int,
+        default=d.frames,
+        help="video: frames per training clip in this invocation (default: the 8 it is evaluated at; 4 for a cheap first phase)",
     )
     tr.add_argument("--ema", type=float, default=d.ema, help="EMA decay of the saved weights (0.99 for a short resumed phase)")
     tr.add_argument(

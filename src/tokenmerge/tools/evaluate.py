@@ -2,12 +2,15 @@
 
 Every configuration samples the same seeds, conditions and initial noise as vanilla (DDIM, CFG); the
 final images are compared pairwise with PSNR, SSIM (scikit-image) and relative L2, and reported as mean
-and standard deviation over seeds, with the wall time and speed-up measured in the same run.
+and standard deviation over seeds, with the wall time and speed-up measured in the same run. Clips (the
+video reference model) are compared as a whole (PSNR over every frame's pixels, SSIM averaged over frames)
+and frame by frame, so that an error that grows along the clip or flickers shows. ``--baseline`` adds the
+paired per-seed difference of every configuration against one of them ("better on n of N seeds").
 
 Models: a shipped reference model (:mod:`tokenmerge.tools.reference`: a small trained UNet by default, an
-SD3-style or Flux-style transformer; the only honest yardstick on machines without downloadable SD
-weights), a reference-format ``.safetensors`` file, or a user's diffusers pipeline folder (then the
-conditions are text prompts).
+SD3-style or Flux-style transformer, a Wan-style video transformer; the only honest yardstick on machines
+without downloadable weights), a reference-format ``.safetensors`` file, or a user's diffusers pipeline
+folder (then the conditions are text prompts).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Result:
     psnr: list[float] = field(default_factory=list)
     ssim: list[float] = field(default_factory=list)
     rel_l2: list[float] = field(default_factory=list)
+    psnr_frames: list[list[float]] = field(default_factory=list)  # clips: per seed, PSNR of each frame
     seconds: float = 0.0
     speedup: float = 1.0
 
@@ -58,34 +62,51 @@ class Result:
             "seconds": self.seconds,
             "speedup": self.speedup,
             "psnr_per_seed": list(self.psnr),  # in seed order, the same seeds for every configuration: paired differences
-        }
+        } | ({"psnr_per_frame": self.frame_means()} if self.psnr_frames else {})
+
+    def frame_means(self) -> list[float]:
+        """Mean PSNR over seeds of each frame of a clip."""
+        return [statistics.fmean(values) for values in zip(*self.psnr_frames)]
 
 
 def compare(image: np.ndarray, reference: np.ndarray) -> tuple[float, float, float]:
-    """PSNR (dB), SSIM and relative L2 of two HxWx3 float images in [0, 1]."""
+    """PSNR (dB), SSIM and relative L2 of two HxWx3 float images in [0, 1]; of two FxHxWx3 clips, PSNR over
+    all their pixels and SSIM averaged over frames."""
     from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
     psnr = peak_signal_noise_ratio(reference, image, data_range=1.0)
-    ssim = structural_similarity(reference, image, data_range=1.0, channel_axis=-1)
+    frames = zip(reference, image) if image.ndim == 4 else [(reference, image)]
+    ssim = statistics.fmean(structural_similarity(r, i, data_range=1.0, channel_axis=-1) for r, i in frames)
     rel = float(np.linalg.norm(image - reference) / max(np.linalg.norm(reference), 1e-12))
     return float(psnr), float(ssim), rel
 
 
-class ReferenceSampler:
-    """Samples a reference model: condition = photograph class (seed modulo the number of classes)."""
+def frame_psnr(clip: np.ndarray, reference: np.ndarray) -> list[float]:
+    """PSNR (dB) of each frame of two FxHxWx3 clips in [0, 1]."""
+    from skimage.metrics import peak_signal_noise_ratio
 
-    def __init__(self, path: str | Path, size: int, steps: int, guidance: float) -> None:
-        from .reference.models import load_reference
+    with np.errstate(divide="ignore"):  # an identical frame: inf dB
+        return [float(peak_signal_noise_ratio(r, c, data_range=1.0)) for r, c in zip(reference, clip)]
+
+
+class ReferenceSampler:
+    """Samples a reference model: condition = photograph class (seed modulo the number of classes). The video
+    model samples clips of ``frames`` frames (default: the frames it is trained on)."""
+
+    def __init__(self, path: str | Path, size: int | None, steps: int, guidance: float, frames: int | None = None) -> None:
+        from .reference.models import VIDEO_FRAMES, load_reference, native_size
 
         self.path = Path(path)
         self.model = load_reference(path)
-        self.size, self.steps, self.guidance = size, steps, guidance
+        self.size, self.steps, self.guidance = size or native_size(self.model.kind), steps, guidance
+        self.frames = (frames or VIDEO_FRAMES) if self.model.is_video else 0
+        if frames and not self.model.is_video:
+            raise ValueError(f"--frames applies to the video reference model only; {self.path.name} is a {self.model.kind} model")
         self.target = self.model.denoiser
 
     def describe(self) -> str:
-        return (
-            f"reference model {self.path.name} ({self.model.kind}, {self.model.num_classes} photograph classes), {self.size}x{self.size} px"
-        )
+        clip = f", {self.frames} frames" if self.frames else ""
+        return f"reference model {self.path.name} ({self.model.kind}, {self.model.num_classes} photograph classes), {self.size}x{self.size} px{clip}"
 
     def label(self, seed: int) -> int:
         return seed % self.model.num_classes
@@ -94,23 +115,25 @@ class ReferenceSampler:
         from .reference.models import sample
 
         labels = torch.tensor([self.label(seed)])
-        noise = torch.randn(1, 3, self.size, self.size, generator=torch.Generator().manual_seed(seed))
-        image = sample(self.model, labels, noise, steps=self.steps, guidance=self.guidance)
-        return ((image[0].permute(1, 2, 0).numpy() + 1) / 2).astype(np.float64)
+        clip = (self.frames,) if self.frames else ()
+        noise = torch.randn(1, 3, *clip, self.size, self.size, generator=torch.Generator().manual_seed(seed))
+        image = sample(self.model, labels, noise, steps=self.steps, guidance=self.guidance)[0]
+        channels_last = image.movedim(0, -1)  # (H, W, 3), or (F, H, W, 3) for a clip
+        return ((channels_last.numpy() + 1) / 2).astype(np.float64)
 
 
 class PipelineSampler:
     """Samples a user's diffusers pipeline folder with text prompts (UNet pipelines with DDIM; transformer
     pipelines with their own flow-matching scheduler)."""
 
-    def __init__(self, path: str | Path, size: int, steps: int, guidance: float) -> None:
+    def __init__(self, path: str | Path, size: int | None, steps: int, guidance: float) -> None:
         from diffusers import DDIMScheduler, DiffusionPipeline
 
         self.pipe = DiffusionPipeline.from_pretrained(str(path))
         if "unet" in self.pipe.components:
             self.pipe.scheduler = DDIMScheduler.from_config(self.pipe.scheduler.config)
         self.pipe.set_progress_bar_config(disable=True)
-        self.size, self.steps, self.guidance = size, steps, guidance
+        self.size, self.steps, self.guidance = size or 512, steps, guidance
         self.target = self.pipe
 
     def describe(self) -> str:
@@ -129,15 +152,20 @@ class PipelineSampler:
         return out.images[0].astype(np.float64)
 
 
-def make_sampler(model: str | None, size: int, steps: int, guidance: float) -> ReferenceSampler | PipelineSampler:
+def make_sampler(
+    model: str | None, size: int | None, steps: int, guidance: float, frames: int | None = None
+) -> ReferenceSampler | PipelineSampler:
     """``model``: None (the default shipped reference model, ``DEFAULT_KIND``), a shipped kind (``unet``, ``sd3``,
-    ``flux``, ``unet-v1``), a reference ``.safetensors`` file, or a diffusers pipeline folder."""
+    ``flux``, ``video``, ``unet-v1``), a reference ``.safetensors`` file, or a diffusers pipeline folder.
+    ``size`` None: the reference model's own size (64 px; the video model's 32 px), 512 px for a pipeline."""
     from .reference.models import DEFAULT_KIND, KINDS, shipped
 
     if model is None or model in KINDS:
-        return ReferenceSampler(shipped(model or DEFAULT_KIND), size, steps, guidance)
+        return ReferenceSampler(shipped(model or DEFAULT_KIND), size, steps, guidance, frames)
     if str(model).endswith(".safetensors"):
-        return ReferenceSampler(model, size, steps, guidance)
+        return ReferenceSampler(model, size, steps, guidance, frames)
+    if frames:
+        raise ValueError("--frames applies to the video reference model only, not to a pipeline folder")
     if Path(model).is_dir():
         return PipelineSampler(model, size, steps, guidance)
     raise FileNotFoundError(
@@ -176,6 +204,8 @@ def run_eval(
                 results[name].psnr.append(psnr)
                 results[name].ssim.append(ssim)
                 results[name].rel_l2.append(rel)
+                if image.ndim == 4:
+                    results[name].psnr_frames.append(frame_psnr(image, reference))
     base = results["vanilla"].seconds
     for result in results.values():
         result.speedup = base / result.seconds if result.seconds else float("nan")
@@ -193,6 +223,60 @@ def format_results(results: list[Result], header: str) -> str:
             f"| {r.name} | {s['psnr_mean']:.2f} ± {s['psnr_std']:.2f} | {s['ssim_mean']:.4f} ± {s['ssim_std']:.4f} | "
             f"{s['rel_l2_mean']:.4f} ± {s['rel_l2_std']:.4f} | {s['seconds']:.1f} | {s['speedup']:.2f}x |"
         )
+    clips = [r for r in results if r.psnr_frames]
+    if clips:
+        frames = len(clips[0].psnr_frames[0])
+        lines += [
+            "",
+            "PSNR (dB) per frame, mean over seeds:",
+            "| configuration | " + " | ".join(f"frame {i}" for i in range(frames)) + " |",
+        ]
+        lines.append("|---|" + "---|" * frames)
+        lines += [f"| {r.name} | " + " | ".join(f"{v:.2f}" for v in r.frame_means()) + " |" for r in clips]
+    return "\n".join(lines)
+
+
+def paired_against(results: list[Result], baseline: str) -> list[dict[str, Any]]:
+    """Per configuration, its paired per-seed PSNR difference against the configuration named ``baseline``
+    (same seeds, same noise): how many seeds it is at least as good on, and the mean and spread of the gap."""
+    by_name = {r.name: r for r in results}
+    if baseline not in by_name or baseline == "vanilla":
+        raise ValueError(
+            f"--baseline must be one of the configurations compared ({', '.join(r.name for r in results[1:])}), got {baseline!r}"
+        )
+    base = by_name[baseline].psnr
+    rows = []
+    for r in results:
+        if r.name in ("vanilla", baseline):
+            continue
+        finite = [(a, b) for a, b in zip(r.psnr, base) if np.isfinite(a) and np.isfinite(b)]
+        gaps = [a - b for a, b in finite]
+        rows.append(
+            {
+                "config": r.name,
+                "baseline": baseline,
+                "at_least_as_good": sum(a >= b for a, b in zip(r.psnr, base)),
+                "seeds": len(base),
+                "psnr_gap_mean": statistics.fmean(gaps) if gaps else float("nan"),
+                "psnr_gap_std": statistics.pstdev(gaps) if gaps else float("nan"),
+                "psnr_gap_per_seed": [a - b for a, b in zip(r.psnr, base)],
+            }
+        )
+    return rows
+
+
+def format_paired(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    lines = [
+        f"paired against {rows[0]['baseline']} (PSNR vs vanilla, per seed):",
+        "| configuration | PSNR >= baseline's | PSNR gap (dB) |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {r['config']} | {r['at_least_as_good']}/{r['seeds']} seeds | {r['psnr_gap_mean']:+.2f} ± {r['psnr_gap_std']:.2f} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -201,10 +285,14 @@ def results_json(results: list[Result], **meta: Any) -> str:
 
 
 def save_grid(images: dict[str, list[np.ndarray]], path: str | Path, rows: int = 4) -> None:
-    """Rows = seeds, columns = vanilla and each configuration, with the configuration names on top."""
+    """Rows = seeds, columns = vanilla and each configuration, with the configuration names on top. Clips:
+    :func:`save_strips`."""
     from PIL import Image, ImageDraw
 
     names = list(images)
+    if images[names[0]][0].ndim == 4:
+        save_strips(images, path)
+        return
     rows = min(rows, len(images[names[0]]))
     h, w, _ = images[names[0]][0].shape
     label_h, pad = 14, 2
@@ -218,6 +306,28 @@ def save_grid(images: dict[str, list[np.ndarray]], path: str | Path, rows: int =
     canvas.save(path)
 
 
+def save_strips(clips: dict[str, list[np.ndarray]], path: str | Path, seeds: int = 2) -> None:
+    """Clips as frame strips: per seed, one row per configuration (vanilla first), frames left to right, the
+    configuration named at the left."""
+    from PIL import Image, ImageDraw
+
+    names = list(clips)
+    seeds = min(seeds, len(clips[names[0]]))
+    frames, h, w, _ = clips[names[0]][0].shape
+    label_w, pad, gap = 110, 2, 8
+    height = seeds * (len(names) * (h + pad) + gap)
+    canvas = Image.new("RGB", (label_w + frames * (w + pad), height), "white")
+    draw = ImageDraw.Draw(canvas)
+    for seed in range(seeds):
+        for row, name in enumerate(names):
+            top = seed * (len(names) * (h + pad) + gap) + row * (h + pad)
+            draw.text((2, top + h // 3), f"{seed}: " + name.replace("tokenmerge ", "tm "), fill="black")
+            for frame in range(frames):
+                tile = Image.fromarray((np.clip(clips[name][seed][frame], 0, 1) * 255).round().astype(np.uint8))
+                canvas.paste(tile, (label_w + frame * (w + pad), top))
+    canvas.save(path)
+
+
 def structure_table(sampler: ReferenceSampler, timesteps: tuple[int, ...] = (100, 500, 900)) -> str:
     """Attention structure of the reference model and of its randomly initialised twin, on noised crops of
     held-out photographs at the evaluation size (see :mod:`tokenmerge.tools.reference.structure`)."""
@@ -227,16 +337,18 @@ def structure_table(sampler: ReferenceSampler, timesteps: tuple[int, ...] = (100
     model = sampler.model
     torch.manual_seed(0)
     twin = ReferenceModel(model.kind, model.num_classes, model.class_names).eval()
-    x0 = held_out_batch(sampler.size)
+    x0 = held_out_batch(sampler.size, frames=sampler.frames)
+    clip = f" x {sampler.frames} frames" if sampler.frames else ""
     lines = [
-        f"highest-resolution self-attention on noised held-out photographs, {sampler.size}x{sampler.size} px:",
-        "| model | t | normalised entropy | mean attention distance (x uniform) |",
-        "|---|---|---|---|",
+        f"highest-resolution self-attention on noised held-out photographs, {sampler.size}x{sampler.size} px{clip}:",
+        "| model | t | normalised entropy | mean attention distance (x uniform) |" + (" in time, frames (x uniform) |" if clip else ""),
+        "|---|---|---|---|" + ("---|" if clip else ""),
     ]
     for name, m in (("trained", model), ("random twin", twin)):
         for row in structure_of(m, x0, timesteps):
+            in_time = f" {row['time_distance']:.2f} ({row['time_ratio']:.2f}) |" if clip else ""
             lines.append(
-                f"| {name} | {row['timestep']} | {row['entropy']:.3f} | {row['distance']:.1f} tokens ({row['distance_ratio']:.2f}) |"
+                f"| {name} | {row['timestep']} | {row['entropy']:.3f} | {row['distance']:.1f} tokens ({row['distance_ratio']:.2f}) |{in_time}"
             )
     return "\n".join(lines)
 
@@ -258,7 +370,8 @@ def nearest_class_accuracy(images: list[np.ndarray], labels: list[int], class_na
         crops, _ = random_crops([image], crops_per_photo, 16, g, torch.zeros(crops_per_photo, dtype=torch.long))
         bank.append(crops.flatten(1))
         bank_labels += [label] * crops_per_photo
-    samples = torch.stack([torch.from_numpy(im).float().permute(2, 0, 1) * 2 - 1 for im in images])
+    firsts = [im[0] if im.ndim == 4 else im for im in images]  # a clip: its first frame
+    samples = torch.stack([torch.from_numpy(im).float().permute(2, 0, 1) * 2 - 1 for im in firsts])
     samples = F.interpolate(samples, size=(16, 16), mode="area").flatten(1)
     nearest = torch.cdist(samples, torch.cat(bank)).argmin(1)
     predicted = [bank_labels[i] for i in nearest.tolist()]

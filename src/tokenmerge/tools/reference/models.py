@@ -11,6 +11,11 @@ for classifier-free guidance):
   position embedding, qk-norm), 2×2 patches: 32×32 = 1024 image tokens.
 - ``flux``: ``FluxTransformer2DModel`` (double- and single-stream blocks, rotary positions inside
   attention), 2×2 packed pixels: 1024 image tokens.
+- ``video``: ``WanTransformer3DModel`` (Wan 2.1's blocks: self-attention with 3-D rotary positions over
+  frames × rows × columns, cross-attention to the condition, MLP), 1×2×2 patches on clips of ``VIDEO_FRAMES``
+  frames at 32×32 px: 8×16×16 = 2048 video tokens. Clips are pans and zooms over the photographs
+  (:func:`tokenmerge.tools.reference.photos.random_clips`), so neighbouring frames are nearly alike, as in
+  real video.
 
 All three are trained with the same DDPM epsilon objective (the token layout and attention are what token
 reduction acts on; SD3 and Flux's flow-matching objective would not change that), sampled with DDIM.
@@ -32,7 +37,9 @@ import torch
 COND_TOKENS = 4
 TRAIN_TIMESTEPS = 1000
 IMAGE_SIZE = 64
-KINDS = ("unet", "sd3", "flux", "unet-v1")
+VIDEO_SIZE = 32  # the video model's frame side in px (its token grid is as long as the images' at 64 px, times frames / 4)
+VIDEO_FRAMES = 8
+KINDS = ("unet", "sd3", "flux", "video", "unet-v1")
 # What `tokenmerge eval` judges with by default: the UNet v2 architecture, trained at 32 px and finished at the 64 px it is evaluated at.
 DEFAULT_KIND = "unet"
 
@@ -75,6 +82,18 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "guidance_embeds": False,
         "axes_dims_rope": [8, 12, 12],
     },
+    "video": {
+        "patch_size": (1, 2, 2),
+        "num_attention_heads": 4,
+        "attention_head_dim": 32,
+        "in_channels": 3,
+        "out_channels": 3,
+        "text_dim": 64,
+        "freq_dim": 64,
+        "ffn_dim": 512,
+        "num_layers": 4,
+        "rope_max_seq_len": 64,
+    },
 }
 # The first reference model (kept to compare with): 32 px, and 32 heads of 1 channel at its top level.
 CONFIGS["unet-v1"] = {**CONFIGS["unet"], "sample_size": 32, "attention_head_dim": 32}
@@ -86,7 +105,18 @@ def _is_unet(kind: str) -> bool:
 
 def _cond_dim(kind: str) -> int:
     config = CONFIGS[kind]
-    return config["cross_attention_dim"] if _is_unet(kind) else config["joint_attention_dim"]
+    return config["cross_attention_dim"] if _is_unet(kind) else config["text_dim" if kind == "video" else "joint_attention_dim"]
+
+
+def native_size(kind: str) -> int:
+    """The side in px a reference model of ``kind`` is trained and judged at."""
+    return VIDEO_SIZE if kind == "video" else IMAGE_SIZE
+
+
+def backbone_class(kind: str) -> str:
+    if _is_unet(kind):
+        return "UNet2DConditionModel"
+    return {"sd3": "SD3Transformer2DModel", "flux": "FluxTransformer2DModel", "video": "WanTransformer3DModel"}[kind]
 
 
 class ReferenceModel(torch.nn.Module):
@@ -99,22 +129,12 @@ class ReferenceModel(torch.nn.Module):
         self.kind = kind
         self.num_classes = num_classes
         self.class_names = class_names or [f"class {i}" for i in range(num_classes)]
-        config = CONFIGS[kind]
-        if _is_unet(kind):
-            from diffusers import UNet2DConditionModel
+        import diffusers
 
-            self.denoiser = UNet2DConditionModel(**config)
-        elif kind == "sd3":
-            from diffusers import SD3Transformer2DModel
-
-            self.denoiser = SD3Transformer2DModel(**config)
-        else:
-            from diffusers import FluxTransformer2DModel
-
-            self.denoiser = FluxTransformer2DModel(**config)
+        self.denoiser = getattr(diffusers, backbone_class(kind))(**CONFIGS[kind])
         dim = _cond_dim(kind)
         self.cond = torch.nn.Embedding(num_classes + 1, COND_TOKENS * dim)  # last row: unconditional
-        self.pooled = None if _is_unet(kind) else torch.nn.Embedding(num_classes + 1, dim)
+        self.pooled = None if _is_unet(kind) or kind == "video" else torch.nn.Embedding(num_classes + 1, dim)
 
     @property
     def null_class(self) -> int:
@@ -128,12 +148,18 @@ class ReferenceModel(torch.nn.Module):
     def context(self, labels: torch.Tensor) -> torch.Tensor:
         return self.cond(labels).view(labels.shape[0], COND_TOKENS, -1)
 
+    @property
+    def is_video(self) -> bool:
+        return self.kind == "video"
+
     def forward(self, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Predicted noise for images ``x`` (B, 3, H, W) at timesteps ``t`` (0..999)."""
+        """Predicted noise for images ``x`` (B, 3, H, W) or clips (B, 3, F, H, W) at timesteps ``t`` (0..999)."""
         context = self.context(labels)
         t = t.expand(x.shape[0]) if t.ndim else t.repeat(x.shape[0])
         if _is_unet(self.kind):
             return self.denoiser(x, t, encoder_hidden_states=context).sample
+        if self.is_video:
+            return self.denoiser(hidden_states=x, timestep=t, encoder_hidden_states=context).sample
         pooled = self.pooled(labels)
         if self.kind == "sd3":
             return self.denoiser(hidden_states=x, encoder_hidden_states=context, pooled_projections=pooled, timestep=t).sample
@@ -207,7 +233,7 @@ def load_reference(path: str | Path) -> ReferenceModel:
 def sample(model: ReferenceModel, labels: torch.Tensor, noise: torch.Tensor, steps: int = 20, guidance: float = 3.0) -> torch.Tensor:
     """DDIM with classifier-free guidance (one batch of 2B: conditional + unconditional), images in [-1, 1].
 
-    The same ``noise`` starts the same trajectory for every variant compared."""
+    The same ``noise`` starts the same trajectory for every variant compared. Clips: ``noise`` (B, 3, F, H, W)."""
     from diffusers import DDIMScheduler
 
     scheduler = DDIMScheduler(**scheduler_config(), clip_sample=True)

@@ -108,3 +108,58 @@ def random_crops(
             crop = crop.flip(-1)
         crops.append(crop)
     return torch.stack(crops), labels
+
+
+# Camera motion of a clip, per frame (so that a clip's statistics do not depend on its length): a pan of up to
+# this fraction of the crop's side in each direction, and a zoom by up to this factor in or out.
+CLIP_PAN = 0.04
+CLIP_ZOOM = 1.03
+# The first frame's crop side as a fraction of the shorter side: room for the camera to move within the photo.
+CLIP_SCALE = (0.4, 0.8)
+
+
+def random_clips(
+    images: list[torch.Tensor],
+    batch: int,
+    frames: int,
+    res: int,
+    g: torch.Generator,
+    labels: torch.Tensor | None = None,
+    scale: tuple[float, float] = CLIP_SCALE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch`` clips (B, 3, frames, res, res): a camera pans and zooms at a constant rate over a random
+    photograph (unless ``labels``), each frame an area-antialiased bilinear crop; the crop stays inside the
+    photograph (a pan stops at its edge). Neighbouring frames are nearly alike, as in real video, so temporal
+    redundancy is real and structured."""
+    import torch.nn.functional as F
+
+    if labels is None:
+        labels = torch.randint(len(images), (batch,), generator=g)
+    clips = []
+    steps = torch.arange(frames, dtype=torch.float32)
+    for label in labels.tolist():
+        image = images[label]
+        _, h, w = image.shape
+        u = torch.rand(6, generator=g)
+        side0 = min(h, w) * (scale[0] + (scale[1] - scale[0]) * u[0].item())
+        zoom = CLIP_ZOOM ** (2 * u[1].item() - 1)
+        sides = (side0 * zoom**steps).clamp(max=min(h, w))
+        pan = (2 * u[2:4] - 1) * CLIP_PAN * side0  # px per frame, (x, y)
+        cx = (sides[0] / 2 + u[4] * (w - sides[0])) + pan[0] * steps
+        cy = (sides[0] / 2 + u[5] * (h - sides[0])) + pan[1] * steps
+        cx = torch.minimum(torch.maximum(cx, sides / 2), w - sides / 2)
+        cy = torch.minimum(torch.maximum(cy, sides / 2), h - sides / 2)
+        # Pre-blur to about the output's sampling rate (area-downsample by the integer part), then bilinear crops.
+        factor = max(1, int(sides.min().item() // res))
+        small = F.avg_pool2d(image[None], factor) if factor > 1 else image[None]
+        theta = torch.zeros(frames, 2, 3)
+        theta[:, 0, 0] = sides / w
+        theta[:, 1, 1] = sides / h
+        theta[:, 0, 2] = 2 * cx / w - 1
+        theta[:, 1, 2] = 2 * cy / h - 1
+        grid = F.affine_grid(theta, (frames, 3, res, res), align_corners=False)
+        clip = F.grid_sample(small.expand(frames, -1, -1, -1), grid, mode="bilinear", align_corners=False)
+        if torch.rand(1, generator=g).item() < 0.5:
+            clip = clip.flip(-1)
+        clips.append(clip.transpose(0, 1))
+    return torch.stack(clips), labels

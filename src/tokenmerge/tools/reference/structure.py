@@ -6,7 +6,8 @@ does. Two numbers per timestep, over the image-query rows of the highest-resolut
 
 - normalised entropy: ``-sum p log p / log(keys)``, 1.0 for uniform attention;
 - mean attention distance: ``sum_j p_ij |pos_i - pos_j|`` over image keys (in tokens, probabilities
-  renormalised over the image keys), and the same for uniform attention on that grid.
+  renormalised over the image keys), and the same for uniform attention on that grid. On a video grid
+  (frames, rows, columns) the distance is split: in space (rows and columns) and in time (frames).
 
 The attention probabilities are those the model really computes: queries and keys are captured at the
 ``scaled_dot_product_attention`` call (after qk-norm and rotary positions), whichever model family.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -45,29 +46,43 @@ class _CaptureAttention(TorchFunctionMode):
 class Structure:
     timestep: int
     entropy: float  # normalised, 1.0 = uniform
-    distance: float  # mean attention distance in tokens
+    distance: float  # mean attention distance in tokens (video: in space, within rows and columns)
     uniform_distance: float  # the same for uniform attention on the grid
+    time_distance: float | None = None  # video: mean attention distance in frames
+    uniform_time_distance: float | None = None
 
     @property
     def distance_ratio(self) -> float:
         return self.distance / self.uniform_distance
 
+    @property
+    def time_ratio(self) -> float | None:
+        return None if self.time_distance is None else self.time_distance / self.uniform_time_distance
 
-def _grid_positions(h: int, w: int) -> torch.Tensor:
-    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    return torch.stack([rows.flatten(), cols.flatten()], dim=-1).double()
+    def as_dict(self) -> dict:
+        row = dict(asdict(self), distance_ratio=self.distance_ratio)
+        if self.time_distance is None:
+            return {k: v for k, v in row.items() if k not in ("time_distance", "uniform_time_distance")}
+        return dict(row, time_ratio=self.time_ratio)
+
+
+def _grid_positions(grid: tuple[int, ...]) -> torch.Tensor:
+    axes = torch.meshgrid(*[torch.arange(n) for n in grid], indexing="ij")
+    return torch.stack([a.flatten() for a in axes], dim=-1).double()
 
 
 def attention_stats(
-    calls: list[tuple[torch.Tensor, torch.Tensor, float | None]], grid: tuple[int, int], image_first: bool
-) -> tuple[float, float, float]:
-    """(entropy, distance, uniform distance) over the calls whose keys include the whole ``grid`` of image tokens."""
-    h, w = grid
-    n = h * w
-    pos = _grid_positions(h, w)
-    dist = torch.cdist(pos, pos)
+    calls: list[tuple[torch.Tensor, torch.Tensor, float | None]], grid: tuple[int, ...], image_first: bool
+) -> tuple[float, float, float, float | None, float | None]:
+    """(entropy, distance, uniform distance, time distance, uniform time distance) over the calls whose keys
+    include the whole ``grid`` of image tokens (the time figures are None on a 2-D grid)."""
+    n = math.prod(grid)
+    pos = _grid_positions(grid)
+    dist = torch.cdist(pos[:, -2:], pos[:, -2:])
+    time_dist = torch.cdist(pos[:, :1], pos[:, :1]) if len(grid) == 3 else None
     entropies: list[float] = []
     distances: list[float] = []
+    time_distances: list[float] = []
     for q, k, scale in calls:
         sq, sk = q.shape[-2], k.shape[-2]
         if sq < n or sk < n:
@@ -83,9 +98,19 @@ def attention_stats(
                 p_img = p[:, k_img]
                 p_img = p_img / p_img.sum(-1, keepdim=True)
                 distances.append((p_img * dist).sum(-1).mean().item())
+                if time_dist is not None:
+                    time_distances.append((p_img * time_dist).sum(-1).mean().item())
     if not entropies:
-        raise ValueError(f"no self-attention over a {h}x{w} token grid was seen")
-    return statistics.fmean(entropies), statistics.fmean(distances), dist.mean().item()
+        raise ValueError(f"no self-attention over a {'x'.join(map(str, grid))} token grid was seen")
+    if time_dist is None:
+        return statistics.fmean(entropies), statistics.fmean(distances), dist.mean().item(), None, None
+    return (
+        statistics.fmean(entropies),
+        statistics.fmean(distances),
+        dist.mean().item(),
+        statistics.fmean(time_distances),
+        time_dist.mean().item(),
+    )
 
 
 def measure(
@@ -93,7 +118,7 @@ def measure(
     x0: torch.Tensor,
     timesteps: tuple[int, ...],
     alphas_cumprod: torch.Tensor,
-    grid: tuple[int, int],
+    grid: tuple[int, ...],
     image_first: bool = True,
     seed: int = 0,
 ) -> list[Structure]:
@@ -107,6 +132,5 @@ def measure(
         capture = _CaptureAttention()
         with torch.no_grad(), capture:
             run(xt, torch.tensor(t))
-        entropy, distance, uniform = attention_stats(capture.calls, grid, image_first)
-        results.append(Structure(t, entropy, distance, uniform))
+        results.append(Structure(t, *attention_stats(capture.calls, grid, image_first)))
     return results

@@ -2,6 +2,7 @@
 
     tokenmerge train-reference --kind unet --out runs/unet --hours 6      # resumes runs/unet/checkpoint.pt if present
     tokenmerge train-reference --kind flux --out runs/flux --init-from src/tokenmerge/assets/reference-flux.safetensors
+    tokenmerge train-reference --kind video --out runs/video --frames 4 --hours 0.7   # then --frames 8 resumes it
 
 Everything is seeded: the data stream's generator state is part of the checkpoint, so an interrupted and
 resumed run sees the same crops as an uninterrupted one. SIGINT / SIGTERM save a checkpoint before exiting.
@@ -25,8 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .models import IMAGE_SIZE, ReferenceModel, load_reference, read_metadata, save_reference, scheduler_config
-from .photos import DEFAULT_CROP_SCALE, HELD_OUT, TRAINING, load_photo, random_crops
+from .models import VIDEO_FRAMES, ReferenceModel, load_reference, native_size, read_metadata, save_reference, scheduler_config
+from .photos import CLIP_SCALE, DEFAULT_CROP_SCALE, HELD_OUT, TRAINING, load_photo, random_clips, random_crops
 from .structure import measure
 
 STRUCTURE_TIMESTEPS = (100, 500, 900)
@@ -54,7 +55,10 @@ class TrainConfig:
     crop_scale: tuple[float, float] = DEFAULT_CROP_SCALE
     # Training resolution of this invocation. A cheap low-resolution phase (32 px: a quarter of the tokens, about
     # a sixth of the step time of a UNet) can learn the photographs before a final phase at the evaluation size.
-    res: int = IMAGE_SIZE
+    res: int = 0  # 0: the size the kind is evaluated at (64 px; the video model's frames 32 px)
+    # Video: frames per training clip in this invocation (0: the evaluation's VIDEO_FRAMES). Short clips first
+    # are cheap (attention cost grows with the square of the frames) and teach the per-frame picture.
+    frames: int = 0
     init_from: str = ""  # saved reference weights to continue from when --out holds no checkpoint
     extra: dict = field(default_factory=dict)
 
@@ -64,24 +68,29 @@ class TrainConfig:
             raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, got {self.crop_scale}")
         if not 0 <= self.ema < 1:
             raise ValueError(f"ema must be in [0, 1), got {self.ema}")
-        if self.res < 16 or self.res % 16:
+        if self.res and (self.res < 16 or self.res % 16):
             raise ValueError(
                 f"res must be a multiple of 16 and at least 16 (the UNet halves it twice, the transformers take 2x2 patches), got {self.res}"
             )
 
 
-def held_out_batch(res: int = IMAGE_SIZE, per_photo: int = 2, seed: int = 0) -> torch.Tensor:
-    """Fixed crops of the held-out photographs (never trained on)."""
-    images = [load_photo(p, 128) for p in HELD_OUT]
+def held_out_batch(res: int = 64, per_photo: int = 2, seed: int = 0, frames: int = 0) -> torch.Tensor:
+    """Fixed crops (``frames`` > 0: clips) of the held-out photographs (never trained on)."""
+    images = [load_photo(p, 128 if not frames else 256) for p in HELD_OUT]
     g = torch.Generator().manual_seed(seed)
     labels = torch.arange(len(images)).repeat_interleave(per_photo)
+    if frames:
+        return random_clips(images, len(labels), frames, res, g, labels)[0]
     crops, _ = random_crops(images, len(labels), res, g, labels)
     return crops
 
 
-def grid_of(model: ReferenceModel, res: int = IMAGE_SIZE) -> tuple[int, int]:
-    """The highest-resolution token grid of the model at ``res`` px: 1 token per pixel (UNet) or per 2×2 patch."""
-    return (res, res) if model.kind.startswith("unet") else (res // 2, res // 2)
+def grid_of(model: ReferenceModel, res: int, frames: int = 0) -> tuple[int, ...]:
+    """The highest-resolution token grid of the model at ``res`` px: 1 token per pixel (UNet) or per 2×2 patch
+    (transformers; the video model's grid is (frames, rows, columns))."""
+    if model.kind.startswith("unet"):
+        return (res, res)
+    return (frames, res // 2, res // 2) if model.is_video else (res // 2, res // 2)
 
 
 def structure_of(model: ReferenceModel, x0: torch.Tensor, timesteps=STRUCTURE_TIMESTEPS) -> list[dict]:
@@ -89,8 +98,9 @@ def structure_of(model: ReferenceModel, x0: torch.Tensor, timesteps=STRUCTURE_TI
 
     alphas = DDPMScheduler(**scheduler_config()).alphas_cumprod
     labels = torch.full((x0.shape[0],), model.null_class)
-    results = measure(lambda xt, t: model(xt, t, labels), x0, timesteps, alphas, grid_of(model, x0.shape[-1]), model.image_tokens_first)
-    return [dict(asdict(r), distance_ratio=r.distance_ratio) for r in results]
+    grid = grid_of(model, x0.shape[-1], x0.shape[2] if x0.ndim == 5 else 0)
+    results = measure(lambda xt, t: model(xt, t, labels), x0, timesteps, alphas, grid, model.image_tokens_first)
+    return [r.as_dict() for r in results]
 
 
 def start_from_weights(cfg: TrainConfig, model: ReferenceModel, ema: ReferenceModel, g: torch.Generator) -> dict:
@@ -119,6 +129,8 @@ def train(cfg: TrainConfig, log=print) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     photos = TRAINING[: cfg.max_images] if cfg.max_images else TRAINING
     images = [load_photo(p, cfg.photo_side) for p in photos]
+    res = cfg.res or native_size(cfg.kind)
+    frames = (cfg.frames or VIDEO_FRAMES) if cfg.kind == "video" else 0
     names = [p.name for p in photos]
     torch.manual_seed(cfg.seed)
     model = ReferenceModel(cfg.kind, len(images), names)
@@ -144,7 +156,9 @@ def train(cfg: TrainConfig, log=print) -> Path:
     # Where each invocation ran, for the card's wall-time figure (a resumed run may run elsewhere).
     machine = f"{platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
     # What each invocation ran with, where a resumed run may differ from the first (the card lists the phases).
-    phase = {"crop_scale": list(cfg.crop_scale), "lr": cfg.lr, "ema": cfg.ema, "res": cfg.res}
+    phase = {"crop_scale": list(cfg.crop_scale), "lr": cfg.lr, "ema": cfg.ema, "res": res}
+    if frames:
+        phase["frames"] = frames
     if from_weights:
         phase["from_weights"] = Path(cfg.init_from).name
     log_data.setdefault("runs", []).append({"from_step": log_data["step"], "machine": machine, **phase})
@@ -153,7 +167,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     from diffusers import DDPMScheduler
 
     alphas = DDPMScheduler(**scheduler_config()).alphas_cumprod
-    held_out = held_out_batch() if cfg.structure_every else None
+    held_out = held_out_batch(native_size(cfg.kind), frames=frames and VIDEO_FRAMES) if cfg.structure_every else None
 
     def save() -> None:
         log_data["seconds"] += time.monotonic() - save.since
@@ -182,11 +196,14 @@ def train(cfg: TrainConfig, log=print) -> Path:
     try:
         while log_data["step"] < cfg.steps and time.monotonic() < deadline and not stop["now"]:
             step = log_data["step"]
-            x0, labels = random_crops(images, cfg.batch, cfg.res, g, scale=cfg.crop_scale)
+            if frames:
+                x0, labels = random_clips(images, cfg.batch, frames, res, g, scale=CLIP_SCALE)
+            else:
+                x0, labels = random_crops(images, cfg.batch, res, g, scale=cfg.crop_scale)
             labels = torch.where(torch.rand(cfg.batch, generator=g) < cfg.cond_dropout, model.null_class, labels)
             t = torch.randint(0, len(alphas), (cfg.batch,), generator=g)
             noise = torch.randn(x0.shape, generator=g)
-            a = alphas[t].view(-1, 1, 1, 1)
+            a = alphas[t].view(-1, *[1] * (x0.ndim - 1))
             xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * min(1.0, (step - log_data.get("optimizer_from", 0) + 1) / cfg.warmup)
@@ -210,8 +227,9 @@ def train(cfg: TrainConfig, log=print) -> Path:
                 ema.eval()
                 curve = structure_of(ema, held_out, (500,))
                 log_data["structure"].append({"step": step, **curve[0]})
+                in_time = f", in time {curve[0]['time_ratio']:.2f}x" if "time_ratio" in curve[0] else ""
                 log(
-                    f"step {step}  held-out attention at t=500: entropy {curve[0]['entropy']:.3f}, distance {curve[0]['distance_ratio']:.2f}x uniform",
+                    f"step {step}  held-out attention at t=500: entropy {curve[0]['entropy']:.3f}, distance {curve[0]['distance_ratio']:.2f}x uniform{in_time}",
                     flush=True,
                 )
             if time.monotonic() > next_checkpoint:
@@ -222,6 +240,6 @@ def train(cfg: TrainConfig, log=print) -> Path:
         for s, handler in previous.items():
             signal.signal(s, handler)
     weights = out / f"reference-{cfg.kind}.safetensors"
-    save_reference(ema, weights, {"steps": log_data["step"], "train_res": cfg.res, "seed": cfg.seed, "log": log_data})
+    save_reference(ema, weights, {"steps": log_data["step"], "train_res": res, "seed": cfg.seed, "log": log_data})
     log(f"saved {weights} at step {log_data['step']} ({log_data['step'] - started_step} steps this run)")
     return weights
