@@ -31,11 +31,14 @@ _BLOCK_SALT = 0x70E
 @dataclass(frozen=True)
 class BlockAction:
     """One block's work in one call: merge with ``plan`` (tome), or downsample the keys and values of its
-    ``kv_grid`` image tokens by ``kv_factors`` (one per grid axis; todo/auto), or nothing."""
+    ``kv_grid`` image tokens by ``kv_factors`` (one per grid axis; todo/auto), or nothing. ``kv_keep``: under
+    sequence parallelism, the positions of this rank's image tokens whose keys and values are kept (the whole
+    grid's selection; :meth:`tokenmerge.algorithms.Shard.kept`)."""
 
     plan: MergePlan | None = None
     kv_grid: TokenGrid | None = None
     kv_factors: tuple[int, ...] = ()
+    kv_keep: torch.Tensor | None = None
 
     @property
     def kv_factor(self) -> int:
@@ -146,13 +149,16 @@ def decide(
     top_level: int,
     grid: TokenGrid | None,
     make_plan: Callable[[], MergePlan | None],
+    whole: TokenGrid | None = None,
 ) -> BlockAction:
     """The block's action: nothing (identity options, a level not patched, no grid), a key/value factor
-    (todo/auto) or a merge plan (tome, from ``make_plan``, which may come from a cache)."""
+    (todo/auto) or a merge plan (tome, from ``make_plan``, which may come from a cache). ``whole``: under sequence
+    parallelism, the whole grid ``grid`` is one rank's part of; key/value factors are chosen on it, so that every
+    rank and a single process choose the same."""
     if config.is_identity or grid is None or not config.merges_level(level, top_level):
         return IDLE
     if config.method != "tome":
-        factors = kv_factors_for(config, grid)
+        factors = kv_factors_for(config, whole or grid)
         return BlockAction(kv_grid=grid, kv_factors=factors) if max(factors) > 1 else IDLE
     plan = make_plan()
     return IDLE if plan is None else BlockAction(plan=plan)

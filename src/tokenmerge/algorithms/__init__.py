@@ -1,19 +1,24 @@
 """Pure tensor algorithms, no model knowledge: token grids and sequence layouts (``grid``), matching and merging
-(``merge``), token downsampling (``downsample``) and the device-independent random partition (``randomness``)."""
+(``merge``), token downsampling (``downsample``), the device-independent random partition (``randomness``) and one
+rank's part of a sequence split across ranks (``shards``)."""
 
 from .downsample import downsample_keys, downsample_mask_columns, downsample_tokens, nearest_indices
 from .grid import Segment, TokenGrid, TokenLayout
 from .merge import MergePlan, batch_metric, best_destinations, bipartite_soft_matching, grid_partition
 from .randomness import fold_seed, hash32, hash_ints, random_offsets, timestep_keys
+from .shards import Shard, box_of, chunk_bounds, shard_layout
 
 __all__ = [
     "MergePlan",
     "Segment",
+    "Shard",
     "TokenGrid",
     "TokenLayout",
     "batch_metric",
     "best_destinations",
     "bipartite_soft_matching",
+    "box_of",
+    "chunk_bounds",
     "downsample_keys",
     "downsample_mask_columns",
     "downsample_tokens",
@@ -23,5 +28,6 @@ __all__ = [
     "hash_ints",
     "nearest_indices",
     "random_offsets",
+    "shard_layout",
     "timestep_keys",
 ]

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .shards import Shard
 
 _AXES = {1: ("width",), 2: ("height", "width"), 3: ("frames", "height", "width")}
 KINDS = ("text", "image", "reference", "padding")
@@ -85,9 +89,11 @@ class Segment:
 
 @dataclass(frozen=True)
 class TokenLayout:
-    """The segments of a sequence in order; the first image segment is the one reduced (the target)."""
+    """The segments of a sequence in order; the first image segment is the one reduced (the target). ``shard``: under
+    sequence parallelism, where this rank's target tokens sit in the whole grid (:mod:`.shards`)."""
 
     segments: tuple[Segment, ...]
+    shard: Shard | None = None
 
     @staticmethod
     def image_only(grid: TokenGrid) -> TokenLayout:
@@ -141,8 +147,8 @@ class TokenLayout:
         if name == "joint":
             return self
         if name == "target":
-            return TokenLayout((self.segments[self.target],))
-        return TokenLayout(tuple([s for s in self.segments if s.kind != "text"]))
+            return TokenLayout((self.segments[self.target],), self.shard)
+        return TokenLayout(tuple([s for s in self.segments if s.kind != "text"]), self.shard)
 
     def kept_rows(self, keep: torch.Tensor) -> torch.Tensor:
         """Positions of this sequence that remain when the target image keeps ``keep`` (its own positions, in the
@@ -153,4 +159,7 @@ class TokenLayout:
         return torch.cat([torch.arange(start, device=device), start + keep, torch.arange(start + n, self.total, device=device)])
 
     def __str__(self) -> str:
-        return " ; ".join(f"{s.kind} {s.grid if s.grid is not None else s.length}" for s in self.segments)
+        text = " ; ".join(f"{s.kind} {s.grid if s.grid is not None else s.length}" for s in self.segments)
+        if self.shard is None:
+            return text
+        return f"{text} (rank {self.shard.rank} of {self.shard.world}: tokens {self.shard.start}-{self.shard.start + self.shard.length} of {self.shard.whole})"

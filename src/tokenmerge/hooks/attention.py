@@ -48,10 +48,13 @@ class ReduceKeysValues(TorchFunctionMode):
     call ``dispatching`` so that a backend built on SDPA is not reduced twice. Nothing is reduced where the key and
     value projections already ran on downsampled image tokens (``projected``)."""
 
-    def __init__(self, layout: TokenLayout, factors: tuple[int, ...], interpolation: str, projections: bool) -> None:
+    def __init__(
+        self, layout: TokenLayout, factors: tuple[int, ...], interpolation: str, projections: bool, keep: torch.Tensor | None = None
+    ) -> None:
         super().__init__()
         self.layout, self.grid, self.factors, self.interpolation = layout, layout.grid, factors, interpolation
         self.start = layout.image_start
+        self.keep = keep  # sequence parallelism: the rank's image positions to keep (the whole grid's selection)
         self.projections = projections  # the attention's to_k / to_v may downsample their inputs
         self.projected = 0
         self.reduced = 0
@@ -68,6 +71,12 @@ class ReduceKeysValues(TorchFunctionMode):
             return None
         if mask is not None and not isinstance(mask, torch.Tensor):  # a flex BlockMask: no columns to select
             return None
+        if self.keep is not None:
+            columns = self.layout.kept_rows(self.keep.to(key.device))
+            if mask is not None and mask.shape[-1] == key.shape[-2]:
+                mask = mask.index_select(-1, columns.to(mask.device))
+            self.reduced += 1
+            return key.index_select(-2, columns), value.index_select(-2, columns), mask
         if mask is not None and mask.shape[-1] == key.shape[-2]:
             if not self.interpolation.startswith("nearest"):
                 self.mask_skipped = True
@@ -110,7 +119,8 @@ class DownsampleKeysValues:
             return None
         site = self.patch.blocks[self.block].layout.kv_sites[self.site]
         grid, factors, interpolation = action.kv_grid, action.kv_factors, call.config.kv_interpolation
-        if site.context_kwarg is not None:
+        sharded = block.layout.shard is not None  # a rank's part: reduced where the attention runs, as one process would
+        if site.context_kwarg is not None and not sharded:
             if kwargs.get(site.context_kwarg) is not None:  # this attention attends to a context already
                 return None
             if site.mask_kwarg is not None and kwargs.get(site.mask_kwarg) is not None:
@@ -120,7 +130,8 @@ class DownsampleKeysValues:
                 kv = downsample_tokens(first_tensor(args, kwargs), grid, factors, interpolation)
                 return args, {**kwargs, site.context_kwarg: kv}
         layout = block.layout.stream(site.stream)
-        mode = ReduceKeysValues(layout, factors, interpolation, bool(site.projections) and not projections_fused(module))
+        projections = bool(site.projections) and not projections_fused(module) and not sharded
+        mode = ReduceKeysValues(layout, factors, interpolation, projections, action.kv_keep)
         mode.__enter__()
         self.patch.open_mode(module, mode)
         dispatch.ACTIVE.stack.append(mode)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
 import torch
 
-from ..algorithms import MergePlan, TokenGrid, TokenLayout
+from ..algorithms import MergePlan, TokenGrid, TokenLayout, shard_layout
 from ..config import TokenMergeConfig
 from ..families.base import Declined
-from ..planning import IDLE, decide, merge_count, plan_merge
+from ..planning import IDLE, decide, kv_factors_for, merge_count, plan_merge
+from .parallel import ContextSplit, context_split
 from .state import BlockCall, BlockWarnings, CallState, PatchState, in_backward
 
 _INPUT_NAMES = ("hidden_states", "x", "sample")
@@ -65,7 +67,7 @@ class BeginCall:
                 cache.step += 1
                 cache.last_timestep = value
             step = cache.step
-        call = CallState(config, t, step)
+        call = CallState(config, t, step, split=context_split(patch.layout.root))
         patch.push(call)
         if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and not torch.compiler.is_compiling():
             patch.record(x, call)
@@ -93,8 +95,10 @@ class EndCall:
 
     def _notice_idle_auto(self, module: torch.nn.Module, call: CallState) -> None:
         """``auto`` leaving every block of a call alone (small grids, by design) is said once per options."""
-        grids = [layout.grid for layout in call.layouts.values() if layout is not None]
+        grids = [layout.grid if layout.shard is None else layout.shard.whole for layout in call.layouts.values() if layout is not None]
         if not grids or not call.blocks or not all(b.action.idle for b in call.blocks.values()):
+            return
+        if max(g.numel for g in grids) > call.config.auto_min_tokens:  # idle for another reason, said where it was found
             return
         if self.patch.auto_idle_noticed == self.patch.epoch:
             return
@@ -124,7 +128,23 @@ class CaptureLayout:
         if isinstance(found, Declined):  # the reader said why already: no warning per block
             call.declined.add(self.index)
             found = None
+        if found is not None and call.split is not None:
+            found = self._shard(found, call.split, call)
         call.layouts[self.index] = found
+
+    def _shard(self, layout: TokenLayout, split: ContextSplit, call: CallState) -> TokenLayout | None:
+        """The rank's part of the call's layout under context parallelism (None, said once, where it has none)."""
+        if split.ring and call.config.method == "tome":
+            self.patch.notice_parallel(
+                "tome under ring attention is not supported (a ring rank attends to keys it does not hold, whose merge "
+                "sizes it cannot know); its blocks run unchanged. Use method='todo' or 'auto', or Ulysses"
+            )
+            return None
+        found = shard_layout(layout, split.rank, split.world, split.text_split, split.uneven)
+        if isinstance(found, str):
+            self.patch.notice_parallel(f"under context parallelism over {split.world} ranks, {found}: its blocks run unchanged")
+            return None
+        return found
 
 
 class PlanBlock:
@@ -184,19 +204,51 @@ class PlanBlock:
                 self.warnings.warn_once("could not read its (batch, tokens, channels) input or its token layout; it runs unchanged")
             return IDLE
         stream = layout.stream(info.layout.input_stream)
+        if call.split is not None and x.shape[1] != stream.total:
+            # A block whose inputs the context-parallel plan splits (inside its forward) is handed the whole sequence.
+            x = call.split.chunk(x)
         if x.shape[1] != stream.total:
             self.warnings.warn_once(f"got {x.shape[1]} tokens where its call's layout ({stream}) has {stream.total}; it runs unchanged")
             return IDLE
-        grid = layout.grid
+        grid, shard = layout.grid, layout.shard
+        if shard is not None and (refused := self._refused_on_shard(call.config, layout)):
+            self.patch.notice_parallel(f"under context parallelism, {refused}; its blocks run unchanged")
+            return IDLE
         action = decide(
             call.config,
             level=info.level,
             top_level=self.patch.layout.top_level,
             grid=grid,
             make_plan=lambda: self._plan(image_tokens(x, stream), grid, call, info),
+            whole=None if shard is None else shard.whole,
         )
-        self._warn_if_void(call.config, grid, action, info)
+        if shard is not None and action.kv_grid is not None and call.config.kv_interpolation.startswith("nearest"):
+            keep, counts = shard.kept(action.kv_factors, call.config.kv_interpolation, x.device)
+            if len(set(counts)) > 1 and not call.split.uneven:
+                self.patch.notice_parallel(
+                    f"under context parallelism, the {shard.world} ranks' parts of its {shard.whole} grid hold {', '.join(map(str, counts))} of the keys "
+                    f"one process keeps (factor {action.kv_label}); each keeps {max(counts)} (the collectives need equal "
+                    "lengths), a few more than one process would"
+                )
+            action = dataclasses.replace(action, kv_keep=keep)
+        self._warn_if_void(call.config, shard.whole if shard is not None else grid, action, info)
         return action
+
+    @staticmethod
+    def _refused_on_shard(config: TokenMergeConfig, layout: TokenLayout) -> str | None:
+        """Why a rank's part of the grid cannot be reduced as ``config`` asks (None: it can)."""
+        shard = layout.shard
+        part = f"rank {shard.rank}'s {shard.length} tokens of the {shard.whole} grid"
+        if config.method == "tome" and shard.box is None:
+            return f"{part} are not a band of whole rows or frames, where ToMe's windows need one (todo and auto work on any split)"
+        if config.method != "tome" and not config.kv_interpolation.startswith("nearest"):
+            factors = kv_factors_for(config, shard.whole)
+            if shard.box is None or not _aligned(shard, factors):
+                return (
+                    f"{part} do not start and end on whole windows of factor {'x'.join(map(str, factors))}, where "
+                    f"kv_interpolation={config.kv_interpolation!r} would mix keys across ranks; use 'nearest-exact'"
+                )
+        return None
 
     def _warn_if_void(self, config: TokenMergeConfig, grid: TokenGrid, action: Any, info: Any) -> None:
         """Options that reach this block but cannot act on its grid are said once, with the effective value."""
@@ -292,3 +344,21 @@ def raise_lost_call(patch: PatchState, index: int) -> None:
         f"{patch.RECENT_CALLS} forward calls ago with no input requiring grad. Recomputing it with another call's "
         "plan would give wrong gradients. Run the forward with grad enabled, or remove the patch for this training run"
     )
+
+
+
+def _aligned(shard: Any, factors: tuple[int, ...]) -> bool:
+    """Whether a box shard starts and ends on window boundaries of ``factors`` along the axis it is cut on."""
+    whole, box = shard.whole.shape, shard.box.shape
+    cut = [a for a, (w, b) in enumerate(zip(whole, box)) if w != b]  # (1, m, W) of (F, H, W): inside one frame
+    if not cut:
+        return True
+    axis = cut[-1]
+    if any(factors[a] > 1 for a in cut[:-1]):  # a window across the axes before the cut spans ranks
+        return False
+    tail = 1
+    for size in whole[axis + 1 :]:
+        tail *= size
+    first = (shard.start // tail) % whole[axis]
+    last = first + box[axis]
+    return first % factors[axis] == 0 and (last % factors[axis] == 0 or last == whole[axis])

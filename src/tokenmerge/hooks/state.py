@@ -69,6 +69,7 @@ class CallState:
     blocks: dict[int, BlockCall] = field(default_factory=dict)
     level_plans: dict[tuple, Any] = field(default_factory=dict)  # share_plan: one matching per level and call
     recomputing: bool = False
+    split: Any = None  # hooks.parallel.ContextSplit: the context-parallel split this call runs under, if any
 
 
 class _Anchor(torch.autograd.Function):
@@ -134,10 +135,17 @@ class PatchState:
         self.wrapped: list[tuple[torch.nn.Module, str]] = []  # (module, attribute) of removable wrappers
         self.routes_dispatch = False  # holds the diffusers dispatch route (hooks.dispatch) while installed
         self.auto_idle_noticed = -1  # the options epoch in which auto's idle notice was given
+        self.parallel_noticed = -1  # the options epoch in which a context-parallel split was refused (said once)
         self.epoch = 0
         self.__setstate__({})
 
     # -- options ---------------------------------------------------------------------------------------
+
+    def notice_parallel(self, message: str) -> None:
+        """A context-parallel split the patch cannot reduce is said once per options (every block would repeat it)."""
+        if self.parallel_noticed != self.epoch:
+            self.parallel_noticed = self.epoch
+            warnings.warn(f"tokenmerge: {type(self.layout.root).__name__}: {message}", stacklevel=4)
     def set_config(self, config: TokenMergeConfig) -> None:
         """New options for the calls that begin from now on; cached matchings are dropped."""
         self.config = config

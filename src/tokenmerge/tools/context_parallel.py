@@ -1,0 +1,181 @@
+"""Run a denoiser under diffusers' context parallelism on this machine: ``world`` processes, ``gloo``, CPU.
+
+diffusers splits a model's token sequence across ranks at the places its ``_cp_plan`` names and exchanges heads
+(Ulysses all-to-all) or keys/values (ring) inside each attention. On CPU this needs one shim: diffusers picks a
+rank's device as ``rank % torch.accelerator.device_count()``, so a CPU worker reports one device. Ring attention
+needs a backend that returns the log-sum-exp, which no CPU backend of diffusers does; Ulysses runs.
+
+:func:`run_ranks` spawns the ranks and returns rank 0's result; :func:`compare_family` is the check the tests and
+``tokenmerge bench --cp`` run: per method, the patched model under context parallelism against the same model
+patched in one process (and vanilla), with each rank's time and the bytes its attention exchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, threads: int, fn: Callable[..., Any], args: tuple, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    torch.accelerator.device_count = lambda: 1  # diffusers: device = rank % device_count
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, *args)
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2, threads: int = 1, timeout: float = 600) -> Any:
+    """``fn(rank, world, *args)`` in ``world`` spawned processes joined by ``gloo``; rank 0's return value.
+
+    ``fn`` must be importable (a module-level function) and its result picklable."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "rank0.pt")
+        context = mp.start_processes(_worker, args=(world, free_port(), threads, fn, args, out), nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        while not context.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                raise TimeoutError(f"context-parallel ranks did not finish in {timeout:.0f} s")
+        return torch.load(out, weights_only=False)
+
+
+class ExchangeCounter:
+    """Counts the bytes each rank's attention sends through diffusers' Ulysses all-to-all and ring exchanges
+    (wraps ``attention_dispatch._all_to_all_single`` and ``funcol.all_gather_tensor`` while entered)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def __enter__(self) -> ExchangeCounter:
+        from diffusers.models import attention_dispatch as ad
+
+        self._module, self._original = ad, ad._all_to_all_single
+        original = self._original
+
+        def counted(x: torch.Tensor, group: Any) -> torch.Tensor:
+            world = torch.distributed.get_world_size(group)
+            self.bytes += x.numel() * x.element_size() * (world - 1) // world  # what leaves this rank
+            return original(x, group)
+
+        ad._all_to_all_single = counted
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._module._all_to_all_single = self._original
+
+
+def _patched(model: torch.nn.Module, spec: str | None) -> Any:
+    import contextlib
+
+    from .specs import PatchSpec
+
+    return contextlib.nullcontext() if spec is None else PatchSpec.parse(spec).applied(model)
+
+
+class UnderContextParallelism:
+    """``with``: Ulysses (or ring) context parallelism over ``world`` ranks enabled on ``model``, and ``spec`` applied
+    before (``patch_first``) or after ``enable_parallelism``; the patch is removed on exit."""
+
+    def __init__(self, model: torch.nn.Module, spec: str | None, patch_first: bool, world: int, **config: Any) -> None:
+        self.model, self.spec, self.patch_first, self.world = model, spec, patch_first, world
+        self.config = config or {"ulysses_degree": world}
+
+    def __enter__(self) -> torch.nn.Module:
+        from diffusers import ContextParallelConfig
+
+        self.applied = _patched(self.model, self.spec)
+        if self.patch_first:
+            self.applied.__enter__()
+        self.model.enable_parallelism(config=ContextParallelConfig(**self.config))
+        if not self.patch_first:
+            self.applied.__enter__()
+        return self.model
+
+    def __exit__(self, *exc: Any) -> None:
+        self.applied.__exit__(*exc)
+
+
+def compare_family(
+    rank: int,
+    world: int,
+    name: str,
+    height: int,
+    width: int,
+    specs: tuple[str, ...],
+    frames: int | None = None,
+    orders: tuple[bool, ...] = (False,),
+    repeats: int = 0,
+    small: bool = True,
+    blocks: int | None = None,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One family's model (batch 1), vanilla and under each spec: in one process (every rank computes it, the
+    same) and under context parallelism over ``world`` ranks (Ulysses unless ``config`` says otherwise), with
+    tokenmerge applied after (``orders`` False) and/or before (True) ``enable_parallelism``. Per run: the relative
+    L2 of the parallel output against the single-process output of the same spec and against vanilla, the bytes
+    this rank's attention sent, the tokenmerge warnings, and (``repeats``) this rank's median forward seconds."""
+    import copy
+    import warnings
+
+    from .architectures import build_model, transformer_inputs, transformer_output
+
+    model = build_model(name, small=small, seed=0, blocks=blocks)
+    inputs = transformer_inputs(model, name, height, width, batch=1, seed=1, frames=frames)
+
+    def forward(m: torch.nn.Module) -> torch.Tensor:
+        with torch.no_grad():
+            return transformer_output(name, m(**{**inputs, "return_dict": False}))
+
+    single = {None: forward(model)}
+    for spec in specs:
+        with _patched(model, spec):
+            single[spec] = forward(model)
+    rows = []
+    for patch_first in orders:
+        for spec in (None, *specs):
+            target = copy.deepcopy(model)
+            with warnings.catch_warnings(record=True) as caught, UnderContextParallelism(target, spec, patch_first, world, **(config or {})):
+                warnings.simplefilter("always")
+                with ExchangeCounter() as counter:
+                    out = forward(target)
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    forward(target)
+                    times.append(time.perf_counter() - t0)
+            reference = single[spec]
+            rows.append(
+                {
+                    "spec": spec or "vanilla",
+                    "patch_first": patch_first,
+                    "rel_l2_single": float((out - reference).norm() / reference.norm()),
+                    "rel_l2_vanilla": float((out - single[None]).norm() / single[None].norm()),
+                    "bytes": counter.bytes,
+                    "seconds": sorted(times)[len(times) // 2] if times else None,
+                    "warnings": sorted({str(w.message) for w in caught if "tokenmerge" in str(w.message)}),
+                    "output": out,
+                }
+            )
+    return {"world": world, "rank": rank, "rows": rows}
