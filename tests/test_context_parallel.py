@@ -47,7 +47,7 @@ def test_key_value_downsampling_under_ulysses_equals_one_process(ulysses, spec, 
 
 @pytest.mark.parametrize("patch_first", [False, True], ids=["patched-after", "patched-before"])
 def test_tome_under_ulysses_merges_within_each_rank(ulysses, patch_first):
-    name, rows = ulysses
+    _, rows = ulysses
     row = rows[("tome:0.5", patch_first)]
     assert row["rel_l2_vanilla"] > 1e-4 and row["warnings"] == []  # it merged, on every rank (else the all-to-all fails)
     assert row["rel_l2_single"] < 0.2  # within a rank's band, not across: near, not equal to one process's merge
@@ -69,6 +69,30 @@ def test_a_part_that_is_not_a_band_is_refused_clearly_and_runs_unchanged():
     assert rows[("todo:2", False)]["rel_l2_single"] < 1e-5
 
 
+def test_ulysses_anything_splits_mid_row_and_key_value_downsampling_still_equals_one_process():
+    # 15 rows of 16 over 2 ranks: 120 tokens each, the second starting mid-row (diffusers' tensor_split).
+    anything = {"ulysses_degree": 2, "ulysses_anything": True}
+    rows = _rows(run_ranks(compare_family, "flux", 30, 32, ("todo:2", "tome:0.5"), None, (False,), 0, True, None, anything, timeout=300))
+    assert rows[("todo:2", False)]["rel_l2_single"] < 1e-5 and rows[("todo:2", False)]["rel_l2_vanilla"] > 1e-4
+    tome = rows[("tome:0.5", False)]
+    assert tome["rel_l2_vanilla"] < 1e-5 and "not a band of whole rows or frames" in tome["warnings"][0]
+
+
+def test_cache_dits_own_context_parallel_engine():
+    # cache-dit splits the sequence with hooks of its own and writes its attention functions over diffusers'
+    # registry; tokenmerge reads its split alike and re-wraps the functions it wrote, patched before or after.
+    pytest.importorskip("cache_dit")
+    result = run_ranks(
+        compare_family, "flux", 32, 32, ("todo:2", "tome:0.5"), None, (False, True), 0, True, None, None, "cache-dit", timeout=300
+    )
+    rows = _rows(result)
+    for patch_first in (False, True):
+        assert rows[("vanilla", patch_first)]["rel_l2_single"] < 1e-5
+        todo = rows[("todo:2", patch_first)]
+        assert todo["rel_l2_single"] < 1e-5 and todo["rel_l2_vanilla"] > 1e-4 and todo["warnings"] == []
+        assert rows[("tome:0.5", patch_first)]["rel_l2_vanilla"] > 1e-4
+
+
 # ----- the per-shard logic, pure -----
 
 
@@ -76,7 +100,9 @@ def test_chunk_bounds_follow_torch_chunk_and_tensor_split():
     for total in (7, 8, 30):
         for world in (2, 3, 4):
             x = torch.arange(total)
-            assert [(int(c[0]), int(c[-1]) + 1) for c in x.chunk(world) if c.numel()] == [b for b in chunk_bounds(total, world) if b[1] > b[0]]
+            assert [(int(c[0]), int(c[-1]) + 1) for c in x.chunk(world) if c.numel()] == [
+                b for b in chunk_bounds(total, world) if b[1] > b[0]
+            ]
             assert [(int(c[0]), int(c[-1]) + 1) for c in x.tensor_split(world)] == chunk_bounds(total, world, uneven=True)
 
 

@@ -52,7 +52,7 @@ def test_structure_splits_distance_into_space_and_time():
     for i in range(n):
         logits[i, i + 4 if i < 8 else i - 4] = 0  # frames hold 4 tokens: the same row and column, a frame on
     q, k = logits[None, None], torch.eye(n)[None, None]  # q @ k^T = logits
-    entropy, distance, uniform, time_distance, uniform_time = attention_stats([(q, k, 1.0)], grid, True)
+    entropy, distance, _, time_distance, uniform_time = attention_stats([(q, k, 1.0)], grid, True)
     assert distance == pytest.approx(0, abs=1e-6) and time_distance == pytest.approx(1.0)
     assert uniform_time == pytest.approx(8 / 9)  # mean |t_i - t_j| over 3 frames
     assert 0 <= entropy < 0.05

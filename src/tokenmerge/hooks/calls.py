@@ -346,7 +346,6 @@ def raise_lost_call(patch: PatchState, index: int) -> None:
     )
 
 
-
 def _aligned(shard: Any, factors: tuple[int, ...]) -> bool:
     """Whether a box shard starts and ends on window boundaries of ``factors`` along the axis it is cut on."""
     whole, box = shard.whole.shape, shard.box.shape

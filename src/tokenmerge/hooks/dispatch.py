@@ -73,6 +73,20 @@ def acquire() -> None:
                 registry._backends[key] = _wrap(getattr(key, "value", str(key)), fn)
 
 
+def ensure_wrapped() -> None:
+    """While patches hold the route, wrap any backend registered (or re-registered) since: cache-dit's engine, for
+    one, writes its own functions over diffusers' registry when its parallelism is enabled after tokenmerge."""
+    registry = _registry()
+    if registry is None or _users == 0:
+        return
+    if all(getattr(fn, "_tokenmerge_wrapped", None) is not None for fn in registry._backends.values()):
+        return
+    with _lock:
+        for key, fn in list(registry._backends.items()):
+            if getattr(fn, "_tokenmerge_wrapped", None) is None:
+                registry._backends[key] = _wrap(getattr(key, "value", str(key)), fn)
+
+
 def release() -> None:
     """Such a patch is removed: with none left, every backend function is the original again."""
     global _users

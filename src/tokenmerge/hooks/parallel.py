@@ -5,7 +5,9 @@ modules its ``_cp_plan`` names so that they split their inputs across ranks insi
 pre-hooks run before that wrapped forward, so a container reads the whole call (grid, text, references) and its
 layout is cut here to the rank's part (:func:`tokenmerge.algorithms.shard_layout`); a block whose own inputs the
 plan splits (Qwen-Image's and Wan's first block) is handed the whole sequence and plans on its rank's chunk. The
-state is read at each call, so tokenmerge may be applied before or after ``enable_parallelism``.
+state is read at each call, so tokenmerge may be applied before or after ``enable_parallelism``. cache-dit's own
+context-parallel engine (``cache_dit.enable_cache(..., parallelism_config=...)``) records its split the same way
+and is read alike.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class ContextSplit:
 def context_split(root: torch.nn.Module) -> ContextSplit | None:
     """The context-parallel split ``root`` runs under now (None: one process, or no context parallelism)."""
     config = getattr(root, "_parallel_config", None)
-    cp = getattr(config, "context_parallel_config", None)
+    # diffusers: a ParallelConfig holding the ContextParallelConfig; cache-dit's engine sets its own config there
+    cp = getattr(config, "context_parallel_config", config)
     mesh = getattr(cp, "_flattened_mesh", None)
     if cp is None or mesh is None or not torch.distributed.is_initialized():
         return None

@@ -146,6 +146,7 @@ class PatchState:
         if self.parallel_noticed != self.epoch:
             self.parallel_noticed = self.epoch
             warnings.warn(f"tokenmerge: {type(self.layout.root).__name__}: {message}", stacklevel=4)
+
     def set_config(self, config: TokenMergeConfig) -> None:
         """New options for the calls that begin from now on; cached matchings are dropped."""
         self.config = config

@@ -23,6 +23,8 @@ def _bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     common = dict(sizes_px=tuple(args.sizes), batch=args.batch, repeats=args.repeats, seed=args.seed, small=args.small)
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    if args.cp:
+        return _bench_context_parallel(args)
     if args.comfyui:
         if args.model != "sd15" or args.variants or args.compile or args.device != "cpu" or args.blocks:
             raise SystemExit(
@@ -63,6 +65,45 @@ def _bench(args: argparse.Namespace) -> int:
         Path(args.json).write_text(rows_to_json(rows, **meta))
     if args.plot:
         plot_speedups(rows, args.plot, f"{label}, batch {args.batch}, {args.device}")
+    return 0
+
+
+def _bench_context_parallel(args: argparse.Namespace) -> int:
+    """``bench --cp N``: per-rank forward time and attention traffic under Ulysses context parallelism."""
+    import json
+
+    from .bench import describe_model
+    from .context_parallel import bench_family, format_bench, run_ranks
+    from .specs import PatchSpec
+
+    if args.comfyui or args.compile or args.steps or args.device != "cpu" or args.model in UNETS or len(args.sizes) != 1:
+        raise SystemExit(
+            "tokenmerge bench: error: --cp runs one transformer at one --sizes on the CPU; drop --comfyui/--compile/--steps/--device"
+        )
+    specs = tuple(args.variants or ("todo:2", "auto", "tome:0.5"))
+    for spec in specs:
+        PatchSpec.parse(spec)
+    size = args.sizes[0]
+    height, width = (size, size) if isinstance(size, int) else size
+    frames = args.frames[0] if args.frames else None
+    latent = (height // 8, width // 8)
+    rows = run_ranks(
+        bench_family,
+        args.model,
+        *latent,
+        specs,
+        frames,
+        args.repeats,
+        args.small,
+        args.blocks,
+        world=args.cp,
+        threads=args.threads or 1,
+        timeout=3600,
+    )
+    label = f"{describe_model(args.model, args.small, args.blocks)}, {height}x{width} px" + (f", {frames} latent frames" if frames else "")
+    print(format_bench(rows, label, args.cp))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": {"model": label, "world": args.cp, "argv": sys.argv[1:]}, "rows": rows}, indent=1))
     return 0
 
 
@@ -240,6 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     bench.add_argument("--compile", action="store_true", help="torch.compile each variant (a patched copy each; tomesd does not trace)")
     bench.add_argument("--plot", metavar="PNG", help="also plot speed-up against size per variant (needs matplotlib)")
+    bench.add_argument(
+        "--cp",
+        type=int,
+        default=0,
+        metavar="RANKS",
+        help="run under diffusers' Ulysses context parallelism over RANKS gloo processes on this machine (one thread each): "
+        "per-rank forward time and the bytes each rank's attention sends, vanilla vs each variant (one transformer, one size)",
+    )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     bench.add_argument("--small", action="store_true", help="narrow variant of the architecture (smoke tests)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -51,7 +52,9 @@ def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2, threads: int =
 
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "rank0.pt")
-        context = mp.start_processes(_worker, args=(world, free_port(), threads, fn, args, out), nprocs=world, join=False, start_method="spawn")
+        context = mp.start_processes(
+            _worker, args=(world, free_port(), threads, fn, args, out), nprocs=world, join=False, start_method="spawn"
+        )
         deadline = time.monotonic() + timeout
         while not context.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
             if time.monotonic() > deadline:
@@ -94,21 +97,34 @@ def _patched(model: torch.nn.Module, spec: str | None) -> Any:
     return contextlib.nullcontext() if spec is None else PatchSpec.parse(spec).applied(model)
 
 
-class UnderContextParallelism:
-    """``with``: Ulysses (or ring) context parallelism over ``world`` ranks enabled on ``model``, and ``spec`` applied
-    before (``patch_first``) or after ``enable_parallelism``; the patch is removed on exit."""
+ENGINES = ("diffusers", "cache-dit")
 
-    def __init__(self, model: torch.nn.Module, spec: str | None, patch_first: bool, world: int, **config: Any) -> None:
-        self.model, self.spec, self.patch_first, self.world = model, spec, patch_first, world
+
+class UnderContextParallelism:
+    """``with``: Ulysses context parallelism over ``world`` ranks enabled on ``model`` — by diffusers'
+    ``enable_parallelism`` (``config``: its ContextParallelConfig options) or by cache-dit's own engine — and ``spec``
+    applied before (``patch_first``) or after; the patch is removed on exit."""
+
+    def __init__(
+        self, model: torch.nn.Module, spec: str | None, patch_first: bool, world: int, engine: str = "diffusers", **config: Any
+    ) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        self.model, self.spec, self.patch_first, self.world, self.engine = model, spec, patch_first, world, engine
         self.config = config or {"ulysses_degree": world}
 
     def __enter__(self) -> torch.nn.Module:
-        from diffusers import ContextParallelConfig
-
         self.applied = _patched(self.model, self.spec)
         if self.patch_first:
             self.applied.__enter__()
-        self.model.enable_parallelism(config=ContextParallelConfig(**self.config))
+        if self.engine == "cache-dit":
+            import cache_dit
+
+            cache_dit.enable_cache(self.model, cache_config=None, parallelism_config=cache_dit.ParallelismConfig(ulysses_size=self.world))
+        else:
+            from diffusers import ContextParallelConfig
+
+            self.model.enable_parallelism(config=ContextParallelConfig(**self.config))
         if not self.patch_first:
             self.applied.__enter__()
         return self.model
@@ -130,6 +146,7 @@ def compare_family(
     small: bool = True,
     blocks: int | None = None,
     config: dict[str, Any] | None = None,
+    engine: str = "diffusers",
 ) -> dict[str, Any]:
     """One family's model (batch 1), vanilla and under each spec: in one process (every rank computes it, the
     same) and under context parallelism over ``world`` ranks (Ulysses unless ``config`` says otherwise), with
@@ -156,7 +173,10 @@ def compare_family(
     for patch_first in orders:
         for spec in (None, *specs):
             target = copy.deepcopy(model)
-            with warnings.catch_warnings(record=True) as caught, UnderContextParallelism(target, spec, patch_first, world, **(config or {})):
+            with (
+                warnings.catch_warnings(record=True) as caught,
+                UnderContextParallelism(target, spec, patch_first, world, engine, **(config or {})),
+            ):
                 warnings.simplefilter("always")
                 with ExchangeCounter() as counter:
                     out = forward(target)
@@ -173,9 +193,96 @@ def compare_family(
                     "rel_l2_single": float((out - reference).norm() / reference.norm()),
                     "rel_l2_vanilla": float((out - single[None]).norm() / single[None].norm()),
                     "bytes": counter.bytes,
-                    "seconds": sorted(times)[len(times) // 2] if times else None,
+                    "seconds": statistics.median(times) if times else None,
                     "warnings": sorted({str(w.message) for w in caught if "tokenmerge" in str(w.message)}),
                     "output": out,
                 }
             )
     return {"world": world, "rank": rank, "rows": rows}
+
+
+def bench_family(
+    rank: int,
+    world: int,
+    name: str,
+    height: int,
+    width: int,
+    specs: tuple[str, ...],
+    frames: int | None,
+    repeats: int,
+    small: bool,
+    blocks: int | None,
+) -> list[dict[str, Any]]:
+    """``tokenmerge bench --cp``: one model under Ulysses over ``world`` ranks, tokenmerge applied after
+    ``enable_parallelism`` and removed again per variant, vanilla and each spec timed in rounds that rotate their
+    order; per rank and variant: the median and range of its forward seconds and the bytes its attention sent per
+    forward. Every rank's rows (gathered to all ranks); the relative L2 against one process's output of the same
+    spec comes from rank 0, which also runs the single-process forwards first."""
+    import torch.distributed as dist
+    from diffusers import ContextParallelConfig
+
+    from .architectures import build_model, transformer_inputs, transformer_output
+
+    model = build_model(name, small=small, seed=0, blocks=blocks)
+    inputs = transformer_inputs(model, name, height, width, batch=1, seed=1, frames=frames)
+
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            return transformer_output(name, model(**{**inputs, "return_dict": False}))
+
+    variants = (None, *specs)
+    single = {}
+    for spec in variants:  # one process, every rank alike (the same seeds): the outputs the parallel runs match
+        with _patched(model, spec):
+            single[spec] = forward()
+    model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+    times: dict[str | None, list[float]] = {spec: [] for spec in variants}
+    sent: dict[str | None, int] = {}
+    errors: dict[str | None, float] = {}
+    for round_index in range(max(1, repeats) + 1):  # round 0 warms up and measures bytes and errors
+        shift = round_index % len(variants)
+        for spec in variants[shift:] + variants[:shift]:
+            with _patched(model, spec):
+                dist.barrier()
+                with ExchangeCounter() as counter:
+                    t0 = time.perf_counter()
+                    out = forward()
+                    seconds = time.perf_counter() - t0
+            if round_index == 0:
+                sent[spec] = counter.bytes
+                errors[spec] = float((out - single[spec]).norm() / single[spec].norm())
+            if round_index > 0 or repeats == 0:
+                times[spec].append(seconds)
+    rows = [
+        {
+            "rank": rank,
+            "spec": spec or "vanilla",
+            "median": statistics.median(times[spec]),
+            "min": min(times[spec]),
+            "max": max(times[spec]),
+            "bytes": sent[spec],
+            "rel_l2_single": errors[spec],
+        }
+        for spec in variants
+    ]
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, rows)
+    return [row for part in gathered for row in part]
+
+
+def format_bench(rows: list[dict[str, Any]], label: str, world: int) -> str:
+    """Per variant and rank: median seconds (min-max), speed-up against vanilla on that rank, bytes sent per
+    forward (and their share of vanilla's), and the output's distance from one process's."""
+    base = {row["rank"]: row for row in rows if row["spec"] == "vanilla"}
+    lines = [
+        f"{label}, Ulysses over {world} ranks (gloo, CPU), one thread per rank, batch 1",
+        "| variant | rank | forward s (min-max) | speed-up | attention bytes sent | of vanilla's | rel. L2 vs one process |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        b = base[row["rank"]]
+        lines.append(
+            f"| {row['spec']} | {row['rank']} | {row['median']:.3f} ({row['min']:.3f}-{row['max']:.3f}) | {b['median'] / row['median']:.2f}x | "
+            f"{row['bytes'] / 2**20:.2f} MiB | {row['bytes'] / max(b['bytes'], 1):.0%} | {row['rel_l2_single']:.1e} |"
+        )
+    return "\n".join(lines)
