@@ -24,11 +24,12 @@ from typing import Any
 import torch
 
 from ..config import METHODS
-from .base import BlockLayout, Container, DenoiserLayout, KeyValueSite, Span, has_class_named
+from .base import BlockLayout, ComfyModel, Container, DenoiserLayout, KeyValueSite, Span, has_class_named
 
 __all__ = [
     "ACCEPTED",
     "BlockLayout",
+    "ComfyModel",
     "Container",
     "DenoiserLayout",
     "Discovery",
@@ -36,6 +37,8 @@ __all__ = [
     "Family",
     "KeyValueSite",
     "Span",
+    "comfy_model_of",
+    "comfy_models",
     "discover",
     "examples",
     "families",
@@ -85,6 +88,7 @@ class Family:
     notes: str = ""  # how a call's grid, text and positions are read (support matrix, docs)
     kind: str = "transformer"  # "unet" or "transformer"
     members: tuple[str, ...] = field(default=())  # extra names for the matrix (ControlNets, ...)
+    comfy: ComfyModel | None = None  # ComfyUI's implementation of the family, where the node reaches it
 
 
 def _load() -> dict[str, Family]:
@@ -140,6 +144,23 @@ def family_of(module: object) -> Family | None:
     if len(matching) > 1:
         raise RuntimeError(f"tokenmerge: {type(module).__name__} matches the families {', '.join(f.name for f in matching)}")
     return matching[0] if matching else None
+
+
+_BY_COMFY_CLASS = {cls: family.comfy for family in _REGISTRY.values() if family.comfy for cls in family.comfy.classes}
+
+
+def comfy_model_of(module: object) -> ComfyModel | None:
+    """The ComfyUI layout of a ComfyUI diffusion model (the nearest class of its MRO a family names), or None."""
+    for cls in type(module).__mro__:
+        found = _BY_COMFY_CLASS.get(cls.__name__)
+        if found is not None:
+            return found
+    return None
+
+
+def comfy_models() -> tuple[tuple[Family, ComfyModel], ...]:
+    """Every family with a ComfyUI layout, with it (the support matrix's ComfyUI column)."""
+    return tuple((f, f.comfy) for f in _REGISTRY.values() if f.comfy is not None)
 
 
 def _supported_titles() -> str:

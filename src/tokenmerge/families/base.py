@@ -169,6 +169,39 @@ class DenoiserLayout:
 
 
 # -- readers of a call's token layout -----------------------------------------------------------------------------
+IMAGE_PLACES = ("after_text", "first", "last")
+
+
+@dataclass(frozen=True)
+class ComfyModel:
+    """How ComfyUI's own implementation of a family lays out its attention calls (the ComfyUI node's DiT path,
+    :mod:`tokenmerge.integrations.comfyui_dit`): its diffusion-model classes, latent cells per token, where the
+    image tokens sit in a self- or joint attention call, and the conditioning inputs that change the token grid
+    (where present, the call runs unchanged: no wrong grid)."""
+
+    classes: tuple[str, ...]  # ComfyUI's diffusion_model class names (comfy.ldm...), exact
+    title: str
+    patch: tuple[int, ...] = (2, 2)  # (height, width) or (frames, height, width) latent cells per token
+    image: str = "after_text"  # "after_text" ([text; image; references]), "first" ([image; text]), "last" ([extra; image])
+    declines: tuple[str, ...] = ()  # apply_model keywords that add tokens to the grid's rows or in front of it
+    notes: str = ""  # what the override sees (docs/comfyui.md)
+
+    def __post_init__(self) -> None:
+        if self.image not in IMAGE_PLACES:
+            raise ValueError(f"image must be one of {', '.join(IMAGE_PLACES)}, got {self.image!r}")
+
+    def image_start(self, tokens: int, n: int, text: int) -> int | None:
+        """Where the ``n`` image tokens start among an attention call's ``tokens`` (None: not there). ``text``: the
+        call's text length as the sampler passed it; a model that adds or pads text tokens has its image last."""
+        if tokens < n or (text and tokens == text):  # a text-only self-attention (Lumina's caption refiner)
+            return None
+        if tokens == n or self.image == "first":
+            return 0
+        if self.image == "after_text" and 0 < text and text + n <= tokens:
+            return text
+        return tokens - n
+
+
 def config_int(module: torch.nn.Module, name: str, default: int) -> int:
     config = getattr(module, "config", None)
     value = getattr(config, name, None) if config is not None else None

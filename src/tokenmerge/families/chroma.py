@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from . import Example, Family
-from .base import Container, DenoiserLayout, Follow, IdsLayout, joint_block, single_stream_block
+from .base import ComfyModel, Container, DenoiserLayout, Follow, IdsLayout, joint_block, single_stream_block
 from .flux import grid_ids
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="joint")
@@ -107,4 +107,9 @@ FAMILY = Family(
     "single-stream blocks get [text; image] concatenated; rotary: image_rotary_emb (cos, sin) rows [text; image], "
     "gathered at the kept positions (one plan per batch); mask: attention_mask (B, T + N) float, (B, 1, S, S) at "
     "each attention, its rows and columns follow a merge, its columns follow downsampled keys",
+    comfy=ComfyModel(
+        ("Chroma",),
+        "Chroma",
+        notes="comfy/ldm/chroma: as Flux.1 (q, k, v (B, H, S, D) after the rotary embedding, [text; image])",
+    ),
 )

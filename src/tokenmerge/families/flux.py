@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from . import Example, Family
-from .base import Container, DenoiserLayout, Follow, IdsLayout, joint_block, single_stream_block
+from .base import ComfyModel, Container, DenoiserLayout, Follow, IdsLayout, joint_block, single_stream_block
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="joint")
 
@@ -91,4 +91,10 @@ FAMILY = Family(
     examples={"flux": Example("FluxTransformer2DModel", CONFIG, SMALL, inputs, 512, first_blocks)},
     notes="grid and Kontext references: img_ids (t, row, col), one host read per ids tensor; text: encoder_hidden_states, "
     "first; rotary: image_rotary_emb (cos, sin) rows [text; image], gathered at the kept positions (one plan per batch)",
+    comfy=ComfyModel(
+        ("Flux",),
+        "Flux.1",
+        notes="comfy/ldm/flux: q, k, v (B, H, S, D) after the rotary embedding, [text; image; Kontext references] in the "
+        "double- and single-stream blocks",
+    ),
 )

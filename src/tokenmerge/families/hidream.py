@@ -34,7 +34,19 @@ import torch
 
 from ..algorithms import Segment, TokenGrid, TokenLayout
 from . import Example, Family
-from .base import DECLINED, Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span, config_int, joint_block
+from .base import (
+    DECLINED,
+    Argument,
+    BlockLayout,
+    ComfyModel,
+    Container,
+    DenoiserLayout,
+    Follow,
+    KeyValueSite,
+    Span,
+    config_int,
+    joint_block,
+)
 
 ROTARY = Follow("image_rotary_emb", dim=1, stream="joint")
 IMAGE_MASK = Follow("hidden_states_masks", dim=1, stream="image")  # dual-stream blocks: the mask covers the image stream
@@ -179,4 +191,11 @@ FAMILY = Family(
     "never reduced; hidden_states_masks follows a merge); text: encoder_hidden_states_t5 + 2 x Llama tokens "
     "(encoder_hidden_states_llama3), after the image in every block; rotary: image_rotary_emb (B, S, 1, D/2, 2, 2) "
     "rows [image; text], gathered per sample",
+    comfy=ComfyModel(
+        ("HiDreamImageTransformer2DModel",),
+        "HiDream",
+        image="first",
+        declines=("image_cond",),
+        notes="comfy/ldm/hidream: q, k, v (B, S, H*D) after the rotary embedding, [image; T5; Llama layers]",
+    ),
 )

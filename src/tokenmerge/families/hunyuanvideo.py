@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from . import Example, Family
-from .base import Argument, Container, DenoiserLayout, Follow, VideoGrid, joint_block, single_stream_block
+from .base import Argument, ComfyModel, Container, DenoiserLayout, Follow, VideoGrid, joint_block, single_stream_block
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="image")
 MASK = Follow("attention_mask", dim=-1, stream="joint")
@@ -121,4 +121,13 @@ FAMILY = Family(
     notes="grid: hidden_states (B, C, F, H, W) / (patch_size_t, patch_size, patch_size), frame-major; token_replace I2V: "
     "the first latent frame is a reference; text: encoder_hidden_states, after the video; rotary: image_rotary_emb "
     "(cos, sin), video rows, gathered at the kept rows (one plan per batch); the joint attention mask follows",
+    comfy=ComfyModel(
+        ("HunyuanVideo",),
+        "HunyuanVideo",
+        patch=(1, 2, 2),
+        image="first",
+        declines=("ref_latent",),
+        notes="comfy/ldm/hunyuan_video: Flux's blocks flipped, q, k, v (B, H, S, D) after the rotary embedding, [video; "
+        "text]; the text refiner's attention (text only) left alone",
+    ),
 )

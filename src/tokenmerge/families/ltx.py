@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from . import Example, Family
-from .base import Container, DenoiserLayout, Follow, PackedVideoGrid, clean_first_frame, self_cross_block
+from .base import ComfyModel, Container, DenoiserLayout, Follow, PackedVideoGrid, clean_first_frame, self_cross_block
 
 ROTARY = Follow("image_rotary_emb", dim=-2, stream="image")
 
@@ -121,4 +121,12 @@ FAMILY = Family(
     notes="grid: packed hidden_states (B, N, C) with the call's num_frames, height, width (latent) / patch sizes; a "
     "per-token timestep (image-to-video) makes the first latent frame a reference; text: cross-attention only; rotary: "
     "image_rotary_emb (cos, sin), each (B, N, D), gathered per sample at the kept rows",
+    comfy=ComfyModel(
+        ("LTXVModel",),
+        "LTX-Video",
+        patch=(1, 1, 1),
+        image="first",
+        notes="comfy/ldm/lightricks: self-attention q, k, v (B, S, H*D) after the rotary embedding over the video tokens "
+        "(guide keyframe latents appended to the frames are part of the grid); cross-attention to text left alone",
+    ),
 )

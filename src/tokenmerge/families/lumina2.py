@@ -27,7 +27,19 @@ import torch
 
 from ..algorithms import TokenGrid, TokenLayout
 from . import Example, Family
-from .base import DECLINED, Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span, config_int, text_length
+from .base import (
+    DECLINED,
+    Argument,
+    BlockLayout,
+    ComfyModel,
+    Container,
+    DenoiserLayout,
+    Follow,
+    KeyValueSite,
+    Span,
+    config_int,
+    text_length,
+)
 
 
 def block(module: torch.nn.Module, stream: str) -> BlockLayout:
@@ -160,4 +172,10 @@ FAMILY = Family(
     "host read per call), first; calls whose samples' caption lengths differ run unchanged; main layers (joint) and "
     "noise_refiner (image) patched, context_refiner not; rotary: image_rotary_emb (B, S, D/2) complex gathered per "
     "sample; keys and values downsampled at torch's scaled_dot_product_attention",
+    comfy=ComfyModel(
+        ("NextDiT",),
+        "Lumina 2",
+        notes="comfy/ldm/lumina: q, k, v (B, H, S, D) after the rotary embedding; the image refiner's self-attention "
+        "(its padding mask's columns follow), the joint [caption; image] layers; the caption refiner left alone",
+    ),
 )

@@ -37,7 +37,7 @@ import torch
 
 from ..algorithms import TokenGrid, TokenLayout
 from . import Example, Family
-from .base import DECLINED, Argument, Container, DenoiserLayout, Follow, config_int, joint_block, text_length
+from .base import DECLINED, Argument, ComfyModel, Container, DenoiserLayout, Follow, config_int, joint_block, text_length
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="image", element=0)
 
@@ -199,4 +199,11 @@ FAMILY = Family(
     "after the target); text: encoder_hidden_states at the root, first; rotary: element 0 of image_rotary_emb "
     "(image rows, no batch dimension), gathered at the kept rows (one plan per batch); samples with different "
     "img_shapes run unchanged",
+    comfy=ComfyModel(
+        ("QwenImageTransformer2DModel",),
+        "Qwen-Image",
+        patch=(1, 2, 2),
+        notes="comfy/ldm/qwen_image: q, k, v (B, S, H*D) after the rotary embedding, [text; image; edit references]; "
+        "a (B, C, 1, H, W) latent",
+    ),
 )

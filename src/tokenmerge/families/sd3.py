@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from . import Example, Family
-from .base import Argument, Container, DenoiserLayout, ImageGrid, config_int, joint_block
+from .base import Argument, ComfyModel, Container, DenoiserLayout, ImageGrid, config_int, joint_block
 
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:
@@ -69,4 +69,10 @@ FAMILY = Family(
     },
     notes="grid: hidden_states (B, C, H, W) / patch_size; text: encoder_hidden_states, after the image in the joint attention; "
     "positions: absolute, added at the patch embedding",
+    comfy=ComfyModel(
+        ("OpenAISignatureMMDITWrapper", "MMDiT"),
+        "SD3 / SD3.5",
+        notes="comfy/ldm/modules/diffusionmodules/mmdit.py _block_mixing: q, k, v (B, S, H*D), [text (and register tokens); "
+        "image]; SD3.5's extra image self-attention: image only; positions added to the tokens before the blocks",
+    ),
 )

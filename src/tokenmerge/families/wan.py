@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from . import Example, Family
-from .base import Argument, Container, DenoiserLayout, Follow, PerTokenTimestep, VideoGrid, clean_first_frame, self_cross_block
+from .base import Argument, ComfyModel, Container, DenoiserLayout, Follow, PerTokenTimestep, VideoGrid, clean_first_frame, self_cross_block
 
 ROTARY = Follow("rotary_emb", dim=1, stream="image")
 
@@ -152,4 +152,12 @@ FAMILY = Family(
     "TI2V) makes the first latent frame a reference; text and CLIP image tokens: cross-attention (attn2) only; rotary: "
     "rotary_emb (cos, sin), each (1, N, 1, D), gathered at the kept rows (one plan per batch); VACE blocks matched on "
     "control_hidden_states",
+    comfy=ComfyModel(
+        ("WanModel",),
+        "Wan 2.1 / 2.2",
+        patch=(1, 2, 2),
+        image="last",
+        notes="comfy/ldm/wan: self-attention q, k, v (B, S, H*D) after the rotary embedding over the video tokens "
+        "(a reference latent, if any, first); cross-attention to text and I2V's CLIP image tokens left alone",
+    ),
 )

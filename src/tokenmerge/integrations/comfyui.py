@@ -61,9 +61,12 @@ def top_attention_level(model_patcher: Any) -> int:
     unet = model_patcher.model.diffusion_model
     layout = ldm.layout(unet)
     if layout is None:
+        from ..families import comfy_models
+
+        dits = ", ".join(model.title for _, model in comfy_models())
         raise TypeError(
-            f"{type(unet).__name__} has no SpatialTransformer blocks that tokenmerge can patch; the ComfyUI node supports "
-            "UNet models (SD 1.x, SD 2.x, SDXL)"
+            f"{type(unet).__name__} is neither a UNet with SpatialTransformer blocks nor a diffusion transformer tokenmerge "
+            f"knows in ComfyUI; the node supports UNet models (SD 1.x, SD 2.x, SDXL) and {dits}"
         )
     return layout.top_level
 
@@ -183,7 +186,13 @@ def _drop_earlier_patches(model_patcher: Any) -> bool:
 
 
 def patch_model(model_patcher: Any, config: TokenMergeConfig) -> Any:
-    """A clone of ``model_patcher`` with tokenmerge registered on ComfyUI's attention patch points."""
+    """A clone of ``model_patcher`` with tokenmerge registered on ComfyUI's attention patch points (UNets) or its
+    attention override (diffusion transformers, :mod:`.comfyui_dit`)."""
+    from .comfyui_dit import patch_dit
+
+    dit = patch_dit(model_patcher, config)
+    if dit is not None:
+        return dit
     patch = ComfyTokenMerge(config, top_attention_level(model_patcher))
     patched = model_patcher.clone()
     if _drop_earlier_patches(patched):

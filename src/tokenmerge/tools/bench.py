@@ -461,6 +461,53 @@ def run_comfy_bench(
     return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in sizes_px}, repeats, log=log)
 
 
+def run_comfy_dit_bench(
+    model: str,
+    sizes_px: tuple[int | tuple[int, int], ...] = (1024,),
+    repeats: int = 2,
+    specs: tuple[str, ...] = ("todo:2", "auto"),
+    blocks: int = 1,
+    frames: tuple[int, ...] = (),
+    attention: str = "pytorch",
+    log: Callable[[str], None] = print,
+) -> list[Row]:
+    """ComfyUI's own diffusion transformer ``model`` (flux, qwen-image, wan) at its published width with its first
+    ``blocks`` blocks: vanilla and tokenmerge's node per spec, each timed as one step of ComfyUI's KSampler (one
+    model call on the conditional and unconditional batch of two). Needs a ComfyUI checkout (>= 0.3.60) named by
+    ``COMFYUI_PATH``; ``attention="pytorch"`` (SDPA) lets the attention share be measured."""
+    import os
+
+    from .architectures import TEXT_TOKENS
+    from .comfy_models import attention_backend, import_comfy_checkout
+
+    checkout = os.environ.get("COMFYUI_PATH")
+    if not checkout:
+        raise ValueError("--comfyui on a transformer needs a ComfyUI checkout (>= 0.3.60): set COMFYUI_PATH to its folder")
+    import_comfy_checkout(checkout, attention)
+    from ..config import TokenMergeConfig
+    from ..integrations.comfyui import patch_model
+    from . import comfy_dits
+
+    log(f"ComfyUI attention backend: {attention_backend()}")
+    patcher = comfy_dits.build(model, blocks=blocks)
+    tokens = TEXT_TOKENS[model]
+    variants = [Variant("vanilla", lambda inputs: comfy_dits.sample(patcher, model, 1, tokens=tokens, full=True, **inputs))]
+    for spec in specs:
+        parsed = PatchSpec.parse(spec)
+        patched = patch_model(patcher, TokenMergeConfig(**parsed.kwargs()))
+        name = f"tokenmerge node {parsed.name.removeprefix('tokenmerge ')}"
+        variants.append(Variant(name, lambda inputs, p=patched: comfy_dits.sample(p, model, 1, tokens=tokens, full=True, **inputs)))
+    video = comfy_dits.TINY[model][-1]
+    sizes: dict[Size, Callable[[], dict[str, Any]]] = {}
+    for size in sizes_px:
+        h, w = (size, size) if isinstance(size, int) else size
+        for f in frames or ((81,) if video else (0,)):
+            key = VideoSize(h, w, f) if video else size
+            latent = {"height": h // 8, "width": w // 8} | ({"frames": (f - 1) // 4 + 1} if video else {})
+            sizes[key] = lambda latent=latent: latent
+    return time_variants(variants, sizes, repeats, log=log)
+
+
 def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu", timed: str = "forward", rounds: int | None = None) -> str:
     """The rows as markdown tables, one per size, each followed by what is within the noise it measured, and a
     legend; ``timed``: what one timing covers (a forward, a sampling run); ``rounds``: timed rounds per variant."""

@@ -25,7 +25,27 @@ def _bench(args: argparse.Namespace) -> int:
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     if args.cp:
         return _bench_context_parallel(args)
-    if args.comfyui:
+    if args.comfyui and args.model in TRANSFORMERS:
+        from .bench import run_comfy_dit_bench
+
+        if args.compile or args.device != "cpu" or args.steps:
+            raise SystemExit("tokenmerge bench: error: --comfyui runs ComfyUI's own model on the CPU; drop --compile/--device/--steps")
+        attention = "pytorch" if args.comfy_attention == "default" else args.comfy_attention
+        try:
+            rows = run_comfy_dit_bench(
+                args.model,
+                tuple(args.sizes),
+                args.repeats,
+                tuple(args.variants or ("todo:2", "auto")),
+                args.blocks or 1,
+                tuple(args.frames),
+                attention,
+                log=log,
+            )
+        except ValueError as error:
+            raise SystemExit(f"tokenmerge bench: error: {error}") from error
+        label = f"ComfyUI {args.model} (its own classes, first {args.blocks or 1} block(s) at full width, {attention} attention)"
+    elif args.comfyui:
         if args.model != "sd15" or args.variants or args.compile or args.device != "cpu" or args.blocks:
             raise SystemExit(
                 "tokenmerge bench: error: --comfyui runs ComfyUI's SD 1.5 UNet on the CPU with fixed rows; drop --model/--variants/--compile/--device/--blocks"
@@ -296,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--comfyui",
         action="store_true",
-        help="run ComfyUI's own SD 1.5 UNet (needs the comfy package) and compare ComfyUI's TomePatchModel with tokenmerge's node",
+        help="run ComfyUI's own model: SD 1.5's UNet (needs the comfy package; ComfyUI's TomePatchModel vs tokenmerge's node), "
+        "or with --model flux / qwen-image / wan its diffusion transformer at full width (--blocks N; a ComfyUI checkout "
+        ">= 0.3.60 named by COMFYUI_PATH; vanilla vs the node's --variants, default todo:2 auto)",
     )
     bench.add_argument(
         "--comfy-attention",

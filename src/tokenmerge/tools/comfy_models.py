@@ -106,6 +106,54 @@ def import_comfy(attention: str | None = None) -> Any:
     return comfy
 
 
+class _AbsentCompiledPackage:
+    """Import hook for the test set-up of a ComfyUI checkout: an empty ``torchvision`` (and ``.transforms``).
+
+    ComfyUI's ``comfy.model_base`` imports every model module, and Cosmos's imports ``torchvision.transforms`` at
+    module level (it uses it only when a Cosmos model runs). PyPI's torchvision wheel for this torch is a CUDA build
+    whose compiled ops do not load with the CPU torch, so the tests stand an empty module in for it; no model
+    tokenmerge patches touches torchvision. Only where torchvision is not importable."""
+
+    NAMES = ("torchvision", "torchvision.transforms")
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        import importlib.machinery
+
+        return importlib.machinery.ModuleSpec(name, self, is_package=name == "torchvision") if name in self.NAMES else None
+
+    def create_module(self, spec: Any) -> Any:
+        import types
+
+        return types.ModuleType(spec.name)
+
+    def exec_module(self, module: Any) -> None:
+        return None
+
+
+def import_comfy_checkout(checkout: str, attention: str | None = None) -> Any:
+    """Import the ComfyUI checkout at ``checkout`` (with ``--cpu``) even where notcomfy is installed: the checkout's
+    namespace packages (``comfy``, ``comfy_execution``, ``comfy_api``, ...) are bound to its folders before anything
+    imports them (notcomfy's regular packages of those names would otherwise shadow them). For a fresh process (tests run it in a subprocess); raises if ``comfy`` came from elsewhere."""
+    import importlib.util
+    import types
+
+    checkout = os.path.realpath(checkout)
+    if "comfy" in sys.modules and comfy_source() != checkout:
+        raise RuntimeError(f"'comfy' is already imported from {comfy_source()}; import the checkout {checkout} in a fresh process")
+    if checkout not in sys.path:
+        sys.path.insert(0, checkout)
+    for name in sorted(os.listdir(checkout)):  # notcomfy installs regular packages under the checkout's namespace names
+        folder = os.path.join(checkout, name)
+        if name not in sys.modules and os.path.isdir(folder) and not os.path.exists(os.path.join(folder, "__init__.py")):
+            package = types.ModuleType(name)
+            package.__path__ = [folder]
+            sys.modules[name] = package
+    if importlib.util.find_spec("torchvision") is None:
+        sys.meta_path.insert(0, _AbsentCompiledPackage())
+    os.environ["COMFYUI_PATH"] = checkout
+    return import_comfy(attention)
+
+
 def comfy_source() -> str:
     """Where the imported ``comfy`` package comes from (a checkout's folder, or notcomfy's in site-packages)."""
     import comfy

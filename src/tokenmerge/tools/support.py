@@ -24,7 +24,10 @@ def matrix(notes: bool = False) -> str:
             cells = [f"refused: {family.refused}", "", "", "-"]
         else:
             cells = ["yes" if m in family.methods else "no" for m in METHODS]
-            cells.append(", ".join(f for f in FRONT_ENDS if f in family.front_ends))
+            ends = [f for f in FRONT_ENDS if f in family.front_ends]
+            if family.comfy is not None:  # ComfyUI's own implementation, through its attention override
+                ends.append("comfyui (todo, auto)")
+            cells.append(", ".join(ends))
         row = [family.title, classes, *cells] + ([family.notes] if notes else [])
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

@@ -1,0 +1,177 @@
+"""ComfyUI's diffusion transformers (Flux, Chroma, SD3, Qwen-Image, Wan, HunyuanVideo, HiDream, Lumina 2, LTXV):
+key/value reduction through ComfyUI's own ``optimized_attention_override``.
+
+ComfyUI (since about 0.3.60) hands every attention call of these models to
+``transformer_options["optimized_attention_override"](func, q, k, v, heads, mask=..., skip_reshape=...)`` when it
+is set, after the rotary embedding. Two pieces, both registered on a clone of the MODEL, none on ComfyUI's code:
+
+- an ``APPLY_MODEL`` wrapper reads each call's latent shape and text length and keeps them for the calls that
+  follow in this thread (the override itself sees only q, k, v);
+- the override (:class:`DitKeyValues`) finds the image tokens of each self- or joint attention call from the
+  family's ComfyUI data (:class:`tokenmerge.families.base.ComfyModel`: patch size, where the image sits), keeps
+  the keys and values of a downsampled grid (``method="todo"`` / ``"auto"``, decided by
+  :func:`tokenmerge.planning.decide` as everywhere) and calls the override that was set before it, if any, or the
+  attention function: another node's override (SageAttention and the like) is chained, not replaced.
+
+Queries are all kept (every token gets its output); text, reference and conditioning tokens are never reduced;
+cross-attention (keys = text) is left alone. ToMe is not offered here: the override sees one attention call, not
+the block around it, so merged tokens could not skip the MLP (where ToMe's saving on transformers is).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..algorithms import TokenGrid, TokenLayout, downsample_keys, downsample_mask_columns
+from ..algorithms.downsample import kept_columns
+from ..config import TokenMergeConfig
+from ..families import ComfyModel, comfy_model_of
+from ..planning import decide
+
+OVERRIDE = "optimized_attention_override"
+WRAPPER_KEY = "tokenmerge"
+
+
+@dataclass(frozen=True)
+class DitCall:
+    """What one call of the diffusion model gives the override: the image grid and the text length."""
+
+    grid: TokenGrid
+    text: int
+
+
+def grid_of(latent_shape: tuple[int, ...], model: ComfyModel) -> TokenGrid:
+    """The token grid of a latent (B, C, H, W) or (B, C, T, H, W): each side divided by the patch, rounded up
+    (ComfyUI pads the latent to whole patches)."""
+    sides = latent_shape[2:]
+    patch = model.patch[-len(sides) :]
+    return TokenGrid(tuple([-(-s // p) for s, p in zip(sides, patch)]))
+
+
+class DitKeyValues:
+    """The override and the wrapper of one patched DiT MODEL (immutable apart from per-thread call state)."""
+
+    def __init__(self, config: TokenMergeConfig, model: ComfyModel, previous: Any = None) -> None:
+        if config.method not in ("todo", "auto"):
+            raise ValueError(f"DitKeyValues reduces keys and values (method todo or auto), got method={config.method!r}")
+        self.config, self.model, self.previous = config, model, previous
+        self._local = threading.local()
+        self._warned = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __deepcopy__(self, memo: dict) -> DitKeyValues:
+        return self  # ModelPatcher.clone() deep-copies model_options; per-call state is per thread
+
+    # --- the APPLY_MODEL wrapper: one call of the model ---
+
+    def apply_model(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None, *args: Any, **kwargs: Any):
+        text = c_crossattn.shape[1] if isinstance(c_crossattn, torch.Tensor) and c_crossattn.ndim == 3 else 0
+        stack = self._local.__dict__.setdefault("calls", [])
+        declined = [name for name in self.model.declines if kwargs.get(name) is not None]
+        if declined:
+            self._warn(f"a call with {', '.join(declined)} has more tokens than its latent's grid")
+        stack.append(None if declined else DitCall(grid_of(tuple(x.shape), self.model), text))
+        try:
+            return executor(x, t, c_concat, c_crossattn, *args, **kwargs)
+        finally:
+            stack.pop()
+
+    # --- the attention override ---
+
+    def __call__(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        calls = getattr(self._local, "calls", None)
+        if calls and calls[-1] is not None and len(args) >= 3 and not self.config.is_identity:
+            reduced = self._reduce(calls[-1], args, kwargs)
+            if reduced is not None:
+                args, kwargs = reduced
+        if self.previous is not None:
+            return self.previous(func, *args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _reduce(self, call: DitCall, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+        q, k, v = args[:3]
+        heads_first = bool(kwargs.get("skip_reshape", False))  # (B, H, S, D); else (B, S, H * D)
+        seq = -2 if heads_first else 1
+        n, s_q, s_k = call.grid.numel, q.shape[seq], k.shape[seq]
+        if s_k != s_q or s_k < n:  # cross-attention (keys = text or image-embedding tokens), or not this grid
+            return None
+        start = self.model.image_start(s_k, n, call.text)
+        if start is None:
+            self._warn(f"its attention has {s_k} tokens, where a {call.grid} grid and {call.text} text tokens do not fit")
+            return None
+        action = decide(self.config, level=1, top_level=1, grid=call.grid, make_plan=lambda: None)
+        if action.kv_grid is None:
+            return None
+        layout = TokenLayout.image_only(call.grid)
+        mode = self.config.kv_interpolation
+        factors = action.kv_factors
+
+        def reduce(t: torch.Tensor) -> torch.Tensor:
+            # q/k/v arrive as (B, H, S, D) (skip_reshape), (B, S, H*D) or, SD3's values, (B, S, H, D)
+            dim = -2 if heads_first else 1
+            if mode.startswith("nearest"):
+                return t.index_select(dim, kept_columns(t.shape[dim], start, layout.grid, factors, mode, t.device))
+            if heads_first:
+                return downsample_keys(t, start, layout.grid, factors, mode)
+            heads = args[3] if len(args) > 3 else kwargs["heads"]
+            split = t if t.ndim == 4 else t.view(t.shape[0], t.shape[1], heads, -1)
+            reduced = downsample_keys(split.transpose(1, 2), start, layout.grid, factors, mode).transpose(1, 2)
+            return reduced if t.ndim == 4 else reduced.reshape(t.shape[0], -1, t.shape[-1])
+
+        rest = list(args[3:])
+        positional = len(args) > 4  # q, k, v, heads, mask (Qwen-Image, Lumina 2)
+        mask = args[4] if positional else kwargs.get("mask")
+        if isinstance(mask, torch.Tensor) and mask.shape[-1] == s_k:
+            if not mode.startswith("nearest"):
+                self._warn(f"an attention mask is set and kv_interpolation={mode!r} is not nearest: keys kept whole")
+                return None
+            mask = downsample_mask_columns(mask, start, layout.grid, factors, mode)
+            if positional:
+                rest[1] = mask
+            else:
+                kwargs = {**kwargs, "mask": mask}
+        return (q, reduce(k), reduce(v), *rest), kwargs
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"tokenmerge: {self.model.title}: {message}; such calls run unchanged", stacklevel=4)
+
+
+def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
+    """A clone of ``model_patcher`` with key/value reduction on its diffusion transformer, or None when the
+    model is not a diffusion transformer tokenmerge knows in ComfyUI."""
+    model = comfy_model_of(model_patcher.model.diffusion_model)
+    if model is None:
+        return None
+    if config.method == "tome":
+        warnings.warn(
+            f"tokenmerge: method='tome' is not available on ComfyUI's {model.title}: the attention override sees one attention "
+            "call, not its block, so merged tokens could not skip the MLP (where ToMe's saving on transformers is); using "
+            "method='auto' (keys and values of a downsampled grid)",
+            stacklevel=3,
+        )
+        config = dataclasses.replace(config, method="auto")
+    patched = model_patcher.clone()
+    options = patched.model_options.setdefault("transformer_options", {})
+    previous = options.get(OVERRIDE)
+    if isinstance(previous, DitKeyValues):  # the node applied twice in a chain: the second replaces the first
+        warnings.warn("tokenmerge: this MODEL already carries a tokenmerge patch; it is replaced by this node's options", stacklevel=3)
+        previous = previous.previous
+        patched.remove_wrappers_with_key("apply_model", WRAPPER_KEY)
+    patch = DitKeyValues(config, model, previous)
+    options[OVERRIDE] = patch
+    patched.add_wrapper_with_key("apply_model", WRAPPER_KEY, patch.apply_model)
+    return patched

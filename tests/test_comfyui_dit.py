@@ -1,0 +1,140 @@
+"""The ComfyUI node on ComfyUI's own diffusion transformers, in a real ComfyUI (0.3.64, ``../shared/thirdparty``).
+
+One subprocess (notcomfy, the older ``comfy`` the other ComfyUI tests use, must not shadow the checkout there): the
+repository cloned into a ``custom_nodes/`` folder is loaded by ComfyUI's ``nodes.init_external_custom_nodes``; each
+model is built from ComfyUI's ``supported_models`` configs with random weights (tiny widths) and sampled through
+``nodes.common_ksampler``. Per model: identity options bit-identical, keys reduced as configured (counted by an
+override of another node's, which tokenmerge's chains), text and cross-attention untouched, determinism, the
+original MODEL unchanged (patching works on a clone), a second node in a chain replacing the first. The UNet node
+is re-checked on this ComfyUI too. Skipped with the reason where the checkout or its import needs are missing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+CHECKOUT = ROOT.parent / "shared" / "thirdparty" / "comfyui-0.3.64"
+NEEDS = ("torchsde", "trampoline", "sentencepiece", "aiohttp", "pydantic_settings", "dotenv", "av")
+MODELS = ("flux", "chroma", "sd3", "qwen-image", "wan", "hunyuanvideo", "hidream", "lumina2", "ltxv")
+
+
+def _worker(checkout: str, custom_nodes: str) -> dict:
+    import asyncio
+
+    import torch
+
+    from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run, import_comfy_checkout
+
+    import_comfy_checkout(checkout)
+    import folder_paths
+    import nodes
+
+    folder_paths.folder_names_and_paths["custom_nodes"] = ([custom_nodes], set())
+    asyncio.run(nodes.init_external_custom_nodes())
+    node = nodes.NODE_CLASS_MAPPINGS["TokenMergingTokenmerge"]()
+    from tokenmerge.tools import comfy_dits
+
+    report: dict = {"node_module": type(node).__module__, "models": {}}
+    for name in MODELS:
+        model = comfy_dits.build(name)
+        vanilla = comfy_dits.sample(model, name)
+        counter = comfy_dits.KeyCounter()
+        other = model.clone()  # another node's override (SageAttention and the like set one)
+        other.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = counter
+        plain = comfy_dits.sample(other, name)
+        seen_plain = list(counter.calls)
+        identity = comfy_dits.sample(node.patch(other, method="todo", kv_factor=1)[0], name)
+        counter.calls.clear()
+        patched = node.patch(other, method="todo", kv_factor=2)[0]
+        first = comfy_dits.sample(patched, name)
+        seen_todo = list(counter.calls)
+        again = comfy_dits.sample(patched, name)
+        chained = node.patch(patched, method="todo", kv_factor=4)[0]  # a second tokenmerge node replaces the first
+        counter.calls.clear()
+        comfy_dits.sample(chained, name)
+        seen_chained = list(counter.calls)
+        counter.calls.clear()
+        after = comfy_dits.sample(other, name)  # the MODEL the node was given: untouched
+        report["models"][name] = {
+            "plain_equal": bool(torch.equal(plain, vanilla)),
+            "identity_equal": bool(torch.equal(identity, vanilla)),
+            "todo_rel_l2": comfy_dits.relative_l2(first, vanilla),
+            "deterministic": bool(torch.equal(first, again)),
+            "original_after_equal": bool(torch.equal(after, vanilla)),
+            "override_kept": other.model_options["transformer_options"]["optimized_attention_override"] is counter,
+            "calls_plain": seen_plain,
+            "calls_todo": seen_todo,
+            "calls_chained": seen_chained,
+        }
+    unet = build_comfy_patcher("sd15-small")
+    x = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    context = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1))
+    base = comfy_run(unet, x, context=context)
+    report["unet"] = {
+        "identity_equal": bool(torch.equal(comfy_run(node.patch(unet, ratio=0.0)[0], x, context=context), base)),
+        "tome_rel_l2": comfy_dits.relative_l2(comfy_run(node.patch(unet, ratio=0.5)[0], x, context=context), base),
+        "todo_rel_l2": comfy_dits.relative_l2(comfy_run(node.patch(unet, method="todo", kv_factor=2)[0], x, context=context), base),
+    }
+    return report
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    if not CHECKOUT.is_dir():
+        pytest.skip(f"no ComfyUI checkout at {CHECKOUT} (../shared/thirdparty/comfyui-0.3.64)")
+    import importlib.util
+
+    missing = [m for m in NEEDS if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"ComfyUI 0.3.64's imports need {', '.join(missing)} (.ci/run installs them)")
+    from test_install_paths import clone_into
+
+    custom_nodes = tmp_path_factory.mktemp("ComfyUI") / "custom_nodes"
+    clone_into(custom_nodes)
+    result = subprocess.run(
+        [sys.executable, __file__, str(CHECKOUT), str(custom_nodes)], capture_output=True, text=True, timeout=900, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_node_is_loaded_by_comfyuis_custom_node_loader(report):
+    assert report["node_module"] == "tokenmerge.integrations.comfyui"
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_identity_options_are_bit_identical_and_the_original_model_is_untouched(report, name):
+    found = report["models"][name]
+    assert found["plain_equal"] and found["identity_equal"] and found["original_after_equal"] and found["override_kept"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_image_keys_are_reduced_as_configured_through_the_chained_override(report, name):
+    found = report["models"][name]
+    assert found["todo_rel_l2"] > 1e-4 and found["deterministic"]
+    plain, todo, chained = found["calls_plain"], found["calls_todo"], found["calls_chained"]
+    assert len(plain) == len(todo) == len(chained) and [q for q, _ in todo] == [q for q, _ in plain]  # every query kept
+    reduced = [(k, r) for (_, k), (_, r) in zip(plain, todo) if r != k]
+    assert reduced, "no attention call had its keys reduced"
+    for (q, k), (_, r), (_, c) in zip(plain, todo, chained):
+        if k != q or k < 256:  # cross-attention (text, CLIP image tokens) and text-only attention: untouched
+            assert r == k == c
+            continue
+        image = next(n for n in (3072, 768, 256) if n <= k)  # the call's image tokens: the grid at a 32x32 latent
+        assert r == k - image + image // 4, (q, k, r)  # kv_factor 2: a quarter of the image keys, every other key
+        assert c == k - image + image // 16, (q, k, c)  # the chained node's kv_factor 4 replaced it
+
+
+def test_the_unet_node_on_this_comfyui(report):
+    unet = report["unet"]
+    assert unet["identity_equal"] and unet["tome_rel_l2"] > 1e-4 and unet["todo_rel_l2"] > 1e-4
+
+
+if __name__ == "__main__":  # the subprocess
+    print(json.dumps(_worker(sys.argv[1], sys.argv[2])))
