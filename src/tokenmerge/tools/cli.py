@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="image size in px (default: the reference model's, 64 px, the video model's 32 px; a pipeline's 512 px)",
     )
-    ev.add_argument("--frames", type=int, default=None, help="video reference model: frames per clip (default: the 8 it is trained on)")
+    ev.add_argument("--frames", type=int, default=None, help="video reference model: frames per clip (default: the 4 it is trained on)")
     ev.add_argument(
         "--baseline",
         metavar="SPEC",
@@ -402,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--frames",
         type=int,
         default=d.frames,
-        help="video: frames per training clip in this invocation (default: the 8 it is evaluated at; 4 for a cheap first phase)",
+        help="video: frames per training clip in this invocation (default: the 4 it is evaluated at)",
     )
     tr.add_argument("--ema", type=float, default=d.ema, help="EMA decay of the saved weights (0.99 for a short resumed phase)")
     tr.add_argument(

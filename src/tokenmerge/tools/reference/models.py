@@ -13,7 +13,7 @@ for classifier-free guidance):
   attention), 2×2 packed pixels: 1024 image tokens.
 - ``video``: ``WanTransformer3DModel`` (Wan 2.1's blocks: self-attention with 3-D rotary positions over
   frames × rows × columns, cross-attention to the condition, MLP), 1×2×2 patches on clips of ``VIDEO_FRAMES``
-  frames at 32×32 px: 8×16×16 = 2048 video tokens. Clips are pans and zooms over the photographs
+  frames at 32×32 px: 4×16×16 = 1024 video tokens, as many as the image transformers' 64 px grid. Clips are pans and zooms over the photographs
   (:func:`tokenmerge.tools.reference.photos.random_clips`), so neighbouring frames are nearly alike, as in
   real video.
 
@@ -37,8 +37,8 @@ import torch
 COND_TOKENS = 4
 TRAIN_TIMESTEPS = 1000
 IMAGE_SIZE = 64
-VIDEO_SIZE = 32  # the video model's frame side in px (its token grid is as long as the images' at 64 px, times frames / 4)
-VIDEO_FRAMES = 8
+VIDEO_SIZE = 32  # the video model's frame side in px
+VIDEO_FRAMES = 4
 KINDS = ("unet", "sd3", "flux", "video", "unet-v1")
 # What `tokenmerge eval` judges with by default: the UNet v2 architecture, trained at 32 px and finished at the 64 px it is evaluated at.
 DEFAULT_KIND = "unet"

@@ -2,7 +2,7 @@
 
     tokenmerge train-reference --kind unet --out runs/unet --hours 6      # resumes runs/unet/checkpoint.pt if present
     tokenmerge train-reference --kind flux --out runs/flux --init-from src/tokenmerge/assets/reference-flux.safetensors
-    tokenmerge train-reference --kind video --out runs/video --frames 4 --hours 0.7   # then --frames 8 resumes it
+    tokenmerge train-reference --kind video --out runs/video --hours 2
 
 Everything is seeded: the data stream's generator state is part of the checkpoint, so an interrupted and
 resumed run sees the same crops as an uninterrupted one. SIGINT / SIGTERM save a checkpoint before exiting.
@@ -56,8 +56,8 @@ class TrainConfig:
     # Training resolution of this invocation. A cheap low-resolution phase (32 px: a quarter of the tokens, about
     # a sixth of the step time of a UNet) can learn the photographs before a final phase at the evaluation size.
     res: int = 0  # 0: the size the kind is evaluated at (64 px; the video model's frames 32 px)
-    # Video: frames per training clip in this invocation (0: the evaluation's VIDEO_FRAMES). Short clips first
-    # are cheap (attention cost grows with the square of the frames) and teach the per-frame picture.
+    # Video: frames per training clip in this invocation (0: the evaluation's VIDEO_FRAMES). Attention cost grows
+    # with the square of the frames: 8-frame steps cost three times 4-frame ones.
     frames: int = 0
     init_from: str = ""  # saved reference weights to continue from when --out holds no checkpoint
     extra: dict = field(default_factory=dict)
