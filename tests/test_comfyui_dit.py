@@ -72,6 +72,7 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
             "calls_todo": seen_todo,
             "calls_chained": seen_chained,
         }
+    report["threads_equal"] = _threads(comfy_dits, node)
     unet = build_comfy_patcher("sd15-small")
     x = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
     context = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1))
@@ -82,6 +83,37 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
         "todo_rel_l2": comfy_dits.relative_l2(comfy_run(node.patch(unet, method="todo", kv_factor=2)[0], x, context=context), base),
     }
     return report
+
+
+def _threads(comfy_dits, node) -> bool:
+    """Four threads call one patched Flux at once, at different latent sizes: each gets its sequential output."""
+    import threading
+
+    import torch
+
+    patched = node.patch(comfy_dits.build("flux"), method="todo", kv_factor=2)[0]
+
+    def call(size: int, seed: int) -> torch.Tensor:
+        options = {**patched.model_options["transformer_options"], "wrappers": patched.wrappers}
+        g = torch.Generator().manual_seed(seed)
+        x, context, pooled = (
+            torch.randn(1, 16, size, size, generator=g),
+            torch.randn(1, 8, 32, generator=g),
+            torch.randn(1, 32, generator=g),
+        )
+        with torch.inference_mode():
+            sigma, guidance = torch.full((1,), 0.7), torch.full((1,), 3.5)
+            return patched.model.apply_model(x, sigma, c_crossattn=context, y=pooled, guidance=guidance, transformer_options=options)
+
+    sizes = (32, 24, 32, 16)
+    sequential = [call(size, i) for i, size in enumerate(sizes)]
+    concurrent: list = [None] * len(sizes)
+    threads = [threading.Thread(target=lambda i=i, size=size: concurrent.__setitem__(i, call(size, i))) for i, size in enumerate(sizes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return all(torch.equal(a, b) for a, b in zip(sequential, concurrent))
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +161,10 @@ def test_image_keys_are_reduced_as_configured_through_the_chained_override(repor
         image = next(n for n in (3072, 768, 256) if n <= k)  # the call's image tokens: the grid at a 32x32 latent
         assert r == k - image + image // 4, (q, k, r)  # kv_factor 2: a quarter of the image keys, every other key
         assert c == k - image + image // 16, (q, k, c)  # the chained node's kv_factor 4 replaced it
+
+
+def test_concurrent_calls_of_one_patched_model_each_get_their_own_grid(report):
+    assert report["threads_equal"]
 
 
 def test_the_unet_node_on_this_comfyui(report):

@@ -71,7 +71,25 @@ def top_attention_level(model_patcher: Any) -> int:
     return layout.top_level
 
 
-class ComfyTokenMerge:
+class SharedPatch:
+    """A patch object one patched MODEL and all its clones share: ``ModelPatcher.clone()`` deep-copies the model
+    options, and a deep copy is the object itself (immutable apart from per-thread call state in ``_local``),
+    which pickling leaves out."""
+
+    _local: threading.local
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __deepcopy__(self, memo: dict) -> SharedPatch:
+        return self
+
+
+class ComfyTokenMerge(SharedPatch):
     """The patch callables for one patched MODEL: decide in the attn1 patch, merge, unmerge after."""
 
     def __init__(self, config: TokenMergeConfig, top_level: int) -> None:
@@ -89,16 +107,6 @@ class ComfyTokenMerge:
             )
         self._local = threading.local()
         self._warned = False
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_local"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
-
-    def __deepcopy__(self, memo: dict) -> ComfyTokenMerge:
-        return self  # ModelPatcher.clone() deep-copies model_options: the patch is immutable apart from per-thread state
 
     @property
     def _state(self) -> Any:

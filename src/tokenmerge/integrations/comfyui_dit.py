@@ -33,6 +33,7 @@ from ..algorithms.downsample import kept_columns
 from ..config import TokenMergeConfig
 from ..families import ComfyModel, comfy_model_of
 from ..planning import decide
+from .comfyui import SharedPatch
 
 OVERRIDE = "optimized_attention_override"
 WRAPPER_KEY = "tokenmerge"
@@ -54,8 +55,8 @@ def grid_of(latent_shape: tuple[int, ...], model: ComfyModel) -> TokenGrid:
     return TokenGrid(tuple([-(-s // p) for s, p in zip(sides, patch)]))
 
 
-class DitKeyValues:
-    """The override and the wrapper of one patched DiT MODEL (immutable apart from per-thread call state)."""
+class DitKeyValues(SharedPatch):
+    """The override and the wrapper of one patched DiT MODEL (shared by its clones; per-thread call state)."""
 
     def __init__(self, config: TokenMergeConfig, model: ComfyModel, previous: Any = None) -> None:
         if config.method not in ("todo", "auto"):
@@ -63,16 +64,6 @@ class DitKeyValues:
         self.config, self.model, self.previous = config, model, previous
         self._local = threading.local()
         self._warned = False
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_local"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
-
-    def __deepcopy__(self, memo: dict) -> DitKeyValues:
-        return self  # ModelPatcher.clone() deep-copies model_options; per-call state is per thread
 
     # --- the APPLY_MODEL wrapper: one call of the model ---
 
