@@ -146,13 +146,14 @@ def _eval(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        configs = [PatchSpec.parse(spec) for spec in args.configs] if args.configs else default_configs()
-    except (ValueError, TypeError) as error:
-        raise SystemExit(f"tokenmerge eval: error: --configs: {error}") from error
-    try:
         sampler = make_sampler(args.model, args.size, args.steps, args.guidance, args.frames)
     except ValueError as error:
         raise SystemExit(f"tokenmerge eval: error: {error}") from error
+    kind = sampler.model.kind if isinstance(sampler, ReferenceSampler) else None
+    try:
+        configs = [PatchSpec.parse(spec) for spec in args.configs] if args.configs else default_configs(kind)
+    except (ValueError, TypeError) as error:
+        raise SystemExit(f"tokenmerge eval: error: --configs: {error}") from error
     seeds = list(range(args.seeds))
     bar = progress_bar(len(seeds) * (len(configs) + 1), "eval")
     results, images = run_eval(configs, seeds, sampler, sampler.target, progress=(lambda: bar.update(1)) if bar else (lambda: None))
@@ -343,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--configs",
         nargs="+",
         metavar="SPEC",
-        help="e.g. tome:0.5 tomesd:0.5 todo:2 auto 'tome:0.5,share_plan=true' (default: tome:0.25 tome:0.5 tome:0.75 tomesd:0.5 todo:2 auto)",
+        help="e.g. tome:0.5 tomesd:0.5 todo:2 auto 'tome:0.5,share_plan=true' (default: tome:0.25 tome:0.5 tome:0.75 tomesd:0.5 todo:2 "
+        "auto; on the video model its spatial / temporal / joint comparison, evaluate.VIDEO_CONFIGS)",
     )
     ev.add_argument("--seeds", type=int, default=2, help="number of seeds (one image each); the README's tables use 8")
     ev.add_argument("--steps", type=int, default=20, help="DDIM steps")

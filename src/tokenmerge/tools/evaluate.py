@@ -32,9 +32,31 @@ from .specs import PatchSpec, available
 PROMPTS = ("a photograph of a cat", "a mountain lake at dawn", "a bowl of fruit on a table", "a red car in the city")
 
 
-def default_configs() -> list[PatchSpec]:
-    """A few minutes on 2 CPU cores: the three ratios, tomesd at 0.5 (when installed), token downsampling and auto."""
-    return available([PatchSpec.parse(s) for s in ("tome:0.25", "tome:0.5", "tome:0.75", "tomesd:0.5", "todo:2", "auto")])
+# The video yardstick's comparison (a (4, 16, 16) token grid): ToMe at one ratio with spatial (st=1), joint (st=2)
+# and temporal-only (1x1 spatial) windows; key/value reduction at equal key counts, 1/2, 1/4 and 1/8 of the keys,
+# spatial, temporal and joint; and auto at the strength it uses on Wan at 480p x 81 frames (2x2x2: the yardstick's
+# 256-token frames are below auto_min_tokens, so its budget is scaled to them).
+VIDEO_CONFIGS = (
+    "tome:0.5",
+    "tome:0.5,st=2",
+    "tome:0.5,st=2,sx=1,sy=1",
+    "todo:2x1x1",
+    "todo:1x2x1",
+    "todo:1x2x2",
+    "todo:4x1x1",
+    "todo:2x2x1",
+    "todo:2x2x2",
+    "todo:1x4x2",
+    "todo:4x2x1",
+    "auto,auto_max_keys=64,auto_min_tokens=128",
+)
+
+
+def default_configs(kind: str | None = None) -> list[PatchSpec]:
+    """A few minutes on 2 CPU cores: the three ratios, tomesd at 0.5 (when installed), token downsampling and auto;
+    on the video model, :data:`VIDEO_CONFIGS`."""
+    names = VIDEO_CONFIGS if kind == "video" else ("tome:0.25", "tome:0.5", "tome:0.75", "tomesd:0.5", "todo:2", "auto")
+    return available([PatchSpec.parse(s) for s in names])
 
 
 @dataclass
