@@ -78,12 +78,14 @@ def test_ulysses_anything_splits_mid_row_and_key_value_downsampling_still_equals
     assert tome["rel_l2_vanilla"] < 1e-5 and "not a band of whole rows or frames" in tome["warnings"][0]
 
 
-def test_cache_dits_own_context_parallel_engine():
+@pytest.mark.parametrize(("name", "frames"), [("flux", None), ("wan", 4)])
+def test_cache_dits_own_context_parallel_engine(name, frames):
     # cache-dit splits the sequence with hooks of its own and writes its attention functions over diffusers'
-    # registry; tokenmerge reads its split alike and re-wraps the functions it wrote, patched before or after.
+    # registry (Flux.1), or replaces the attention processor with one calling its own dispatcher (Wan); tokenmerge
+    # reads its split alike and wraps the functions of both registries, patched before or after.
     pytest.importorskip("cache_dit")
     result = run_ranks(
-        compare_family, "flux", 32, 32, ("todo:2", "tome:0.5"), None, (False, True), 0, True, None, None, "cache-dit", timeout=300
+        compare_family, name, 32, 32, ("todo:2", "tome:0.5"), frames, (False, True), 0, True, None, None, "cache-dit", timeout=300
     )
     rows = _rows(result)
     for patch_first in (False, True):

@@ -13,6 +13,7 @@ hub kernel — so the reduction does not depend on the backend a user picked. Ca
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -28,12 +29,20 @@ _users = 0
 _lock = threading.Lock()
 
 
-def _registry() -> Any:
+def _registries() -> list[Any]:
+    """diffusers' backend registry, and cache-dit's where cache-dit is in use (its processors for Wan, HunyuanVideo,
+    LTX and others call its own dispatcher, with diffusers' keyword form; tokenmerge never imports it)."""
+    found = []
     try:
         from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+        found.append(_AttentionBackendRegistry)
     except ImportError:  # no diffusers (ldm, ComfyUI): nothing to route
-        return None
-    return _AttentionBackendRegistry if isinstance(getattr(_AttentionBackendRegistry, "_backends", None), dict) else None
+        pass
+    cache_dit = sys.modules.get("cache_dit.attention.backends.register")
+    if cache_dit is not None:
+        found.append(getattr(cache_dit, "_AttnBackendRegistry", None))
+    return [r for r in found if r is not None and isinstance(getattr(r, "_backends", None), dict)]
 
 
 def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -60,47 +69,44 @@ def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return reduce_then_attend
 
 
-def acquire() -> None:
-    """A patch with key/value sites begins: wrap every registered backend (once for all patches)."""
-    global _users
-    registry = _registry()
-    if registry is None:
-        return
-    with _lock:
-        _users += 1
+def _wrap_all(registries: list[Any]) -> None:
+    for registry in registries:
         for key, fn in list(registry._backends.items()):
             if getattr(fn, "_tokenmerge_wrapped", None) is None:
                 registry._backends[key] = _wrap(getattr(key, "value", str(key)), fn)
+
+
+def acquire() -> None:
+    """A patch with key/value sites begins: wrap every registered backend (once for all patches)."""
+    global _users
+    with _lock:
+        _users += 1
+        _wrap_all(_registries())
 
 
 def ensure_wrapped() -> None:
     """While patches hold the route, wrap any backend registered (or re-registered) since: cache-dit's engine, for
     one, writes its own functions over diffusers' registry when its parallelism is enabled after tokenmerge."""
-    registry = _registry()
-    if registry is None or _users == 0:
+    if _users == 0:
         return
-    if all(getattr(fn, "_tokenmerge_wrapped", None) is not None for fn in registry._backends.values()):
+    registries = _registries()
+    if all(getattr(fn, "_tokenmerge_wrapped", None) is not None for r in registries for fn in r._backends.values()):
         return
     with _lock:
-        for key, fn in list(registry._backends.items()):
-            if getattr(fn, "_tokenmerge_wrapped", None) is None:
-                registry._backends[key] = _wrap(getattr(key, "value", str(key)), fn)
+        _wrap_all(registries)
 
 
 def release() -> None:
     """Such a patch is removed: with none left, every backend function is the original again."""
     global _users
-    registry = _registry()
-    if registry is None:
-        return
     with _lock:
         _users = max(0, _users - 1)
         if _users == 0:
-            for key, fn in list(registry._backends.items()):
-                registry._backends[key] = getattr(fn, "_tokenmerge_wrapped", fn)
+            for registry in _registries():
+                for key, fn in list(registry._backends.items()):
+                    registry._backends[key] = getattr(fn, "_tokenmerge_wrapped", fn)
 
 
 def wrapped() -> bool:
     """Whether the backends are wrapped now (tests)."""
-    registry = _registry()
-    return registry is not None and any(getattr(f, "_tokenmerge_wrapped", None) for f in registry._backends.values())
+    return any(getattr(f, "_tokenmerge_wrapped", None) for r in _registries() for f in r._backends.values())
