@@ -84,7 +84,7 @@ def test_video_card_reports_structure_in_space_and_time(tiny_video):
     from tokenmerge.tools.reference.card import finish
 
     card = finish(tiny_video.parent, log=lambda *a: None, sample_steps=2).read_text()
-    assert "diffusers `WanTransformer3DModel`" in card and f"clips of {VIDEO_FRAMES} frames at 32x32" in card
+    assert "diffusers `WanTransformer3DModel`" in card and f"pixel space, clips of {VIDEO_FRAMES} frames at 32x32" in card
     assert "steps 0-2: 32 px, clips of 2 frames" in card and f"steps 2-3: 32 px, clips of {VIDEO_FRAMES} frames" in card
     assert f"Trained first at 32 px x 2 frames (cheaper steps), last at 32 px x {VIDEO_FRAMES} frames" in card
     assert "in time, frames (x uniform)" in card and "| random twin | 500 |" in card and "camera pans" in card

@@ -161,8 +161,12 @@ def _resolution_text(phases: list[dict], size: int = IMAGE_SIZE, frames: int = 0
     if shapes == [native]:
         return "Evaluated at the size it is trained at."
     if (phases[-1]["res"], phases[-1].get("frames", 0)) == native:
-        lower = ", ".join(name(s) for s in shapes if s != native)
-        return f"Trained first at {lower} (cheaper steps), last at {name(native)}, the size it is evaluated at (see Phases)."
+        others = [s for s in shapes if s != native]
+        cheaper = all(r <= size and f <= frames for r, f in others)
+        return (
+            f"Trained first at {', '.join(name(s) for s in others)}{' (cheaper steps)' if cheaper else ''}, last at "
+            f"{name(native)}, the size it is evaluated at (see Phases)."
+        )
     return f"Evaluated at {name(native)}, but its last training phase ran at {name((phases[-1]['res'], phases[-1].get('frames', 0)))} (see Phases)."
 
 
@@ -198,7 +202,7 @@ def write_card(weights: Path, log: dict, measured: dict) -> Path:
     time_header = (" in time, frames (x uniform) |", "---|") if video else ("", "")
     curve_header = (" in time (x uniform) |", "---|") if video else ("", "")
     if video:
-        shape = f"clips of {frames} frames at {size}x{size}"
+        shape = f"{frames} frames at {size}x{size}"
         uniform_text = (
             f"uniform attention on this grid: {uniform:.1f} tokens in space, {trained['uniform_time_distance']:.2f} frames in time"
         )
@@ -221,7 +225,7 @@ any reduction of keys looks lossless). Not a general image generator.
 
 - Architecture: diffusers `{backbone_class(kind)}`,
   `tokenmerge.tools.reference.models.CONFIGS["{kind}"]` = `{json.dumps(CONFIGS[kind])}`; {params / 1e6:.2f} M parameters;
-  3-channel pixel space, {shape}; condition = which photograph an image comes from, as learned tokens
+  3-channel pixel space, {"clips of " if video else ""}{shape}; condition = which photograph an image comes from, as learned tokens
   (+ a null class for classifier-free guidance). {_resolution_text(phases, size, frames)}
 - Training: {log["step"]} steps, batch {config["batch"]}, AdamW (warm-up {config["warmup"]} steps), condition dropout
   {config["cond_dropout"]}, cosine noise schedule (1000 steps, epsilon prediction), seed {config["seed"]},
