@@ -132,8 +132,6 @@ class DownsampleKeysValues:
         layout = block.layout.stream(site.stream)
         projections = bool(site.projections) and not projections_fused(module) and not sharded
         mode = ReduceKeysValues(layout, factors, interpolation, projections, action.kv_keep)
-        if not torch.compiler.is_compiling():
-            dispatch.ensure_wrapped()
         mode.__enter__()
         self.patch.open_mode(module, mode)
         dispatch.ACTIVE.stack.append(mode)

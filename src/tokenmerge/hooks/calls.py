@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from typing import Any
 
@@ -12,6 +13,7 @@ from ..algorithms import MergePlan, TokenGrid, TokenLayout, shard_layout
 from ..config import TokenMergeConfig
 from ..families.base import Declined
 from ..planning import IDLE, decide, kv_factors_for, merge_count, plan_merge
+from . import dispatch
 from .parallel import ContextSplit, context_split
 from .state import BlockCall, BlockWarnings, CallState, PatchState, in_backward
 
@@ -68,6 +70,8 @@ class BeginCall:
                 cache.last_timestep = value
             step = cache.step
         call = CallState(config, t, step, split=context_split(patch.layout.root))
+        if patch.routes_dispatch and not torch.compiler.is_compiling():
+            dispatch.ensure_wrapped()  # once per call: backends registered (cache-dit) after the patch get the route too
         patch.push(call)
         if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and not torch.compiler.is_compiling():
             patch.record(x, call)
@@ -355,9 +359,6 @@ def _aligned(shard: Any, factors: tuple[int, ...]) -> bool:
     axis = cut[-1]
     if any(factors[a] > 1 for a in cut[:-1]):  # a window across the axes before the cut spans ranks
         return False
-    tail = 1
-    for size in whole[axis + 1 :]:
-        tail *= size
-    first = (shard.start // tail) % whole[axis]
+    first = (shard.start // math.prod(whole[axis + 1 :])) % whole[axis]
     last = first + box[axis]
     return first % factors[axis] == 0 and (last % factors[axis] == 0 or last == whole[axis])
