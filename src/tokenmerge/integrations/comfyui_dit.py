@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from ..algorithms import TokenGrid, TokenLayout, downsample_keys, downsample_mask_columns
+from ..algorithms import TokenGrid, downsample_keys, downsample_mask_columns
 from ..algorithms.downsample import kept_columns
 from ..config import TokenMergeConfig
 from ..families import ComfyModel, comfy_model_of
-from ..planning import decide
+from ..planning import BlockAction, decide
 from .comfyui import SharedPatch
 
 OVERRIDE = "optimized_attention_override"
@@ -41,10 +41,12 @@ WRAPPER_KEY = "tokenmerge"
 
 @dataclass(frozen=True)
 class DitCall:
-    """What one call of the diffusion model gives the override: the image grid and the text length."""
+    """What one call of the diffusion model gives the override: the image grid, the text length, and the block
+    action decided once for the call (every attention call of it shares the grid)."""
 
     grid: TokenGrid
     text: int
+    action: BlockAction
 
 
 def grid_of(latent_shape: tuple[int, ...], model: ComfyModel) -> TokenGrid:
@@ -73,7 +75,11 @@ class DitKeyValues(SharedPatch):
         declined = [name for name in self.model.declines if kwargs.get(name) is not None]
         if declined:
             self._warn(f"a call with {', '.join(declined)} has more tokens than its latent's grid")
-        stack.append(None if declined else DitCall(grid_of(tuple(x.shape), self.model), text))
+        call = None
+        if not declined:
+            grid = grid_of(tuple(x.shape), self.model)
+            call = DitCall(grid, text, decide(self.config, level=1, top_level=1, grid=grid, make_plan=lambda: None))
+        stack.append(call)
         try:
             return executor(x, t, c_concat, c_crossattn, *args, **kwargs)
         finally:
@@ -102,23 +108,20 @@ class DitKeyValues(SharedPatch):
         if start is None:
             self._warn(f"its attention has {s_k} tokens, where a {call.grid} grid and {call.text} text tokens do not fit")
             return None
-        action = decide(self.config, level=1, top_level=1, grid=call.grid, make_plan=lambda: None)
-        if action.kv_grid is None:
+        if call.action.kv_grid is None:
             return None
-        layout = TokenLayout.image_only(call.grid)
-        mode = self.config.kv_interpolation
-        factors = action.kv_factors
+        grid, factors, mode = call.grid, call.action.kv_factors, self.config.kv_interpolation
 
         def reduce(t: torch.Tensor) -> torch.Tensor:
             # q/k/v arrive as (B, H, S, D) (skip_reshape), (B, S, H*D) or, SD3's values, (B, S, H, D)
             dim = -2 if heads_first else 1
             if mode.startswith("nearest"):
-                return t.index_select(dim, kept_columns(t.shape[dim], start, layout.grid, factors, mode, t.device))
+                return t.index_select(dim, kept_columns(t.shape[dim], start, grid, factors, mode, t.device))
             if heads_first:
-                return downsample_keys(t, start, layout.grid, factors, mode)
+                return downsample_keys(t, start, grid, factors, mode)
             heads = args[3] if len(args) > 3 else kwargs["heads"]
             split = t if t.ndim == 4 else t.view(t.shape[0], t.shape[1], heads, -1)
-            reduced = downsample_keys(split.transpose(1, 2), start, layout.grid, factors, mode).transpose(1, 2)
+            reduced = downsample_keys(split.transpose(1, 2), start, grid, factors, mode).transpose(1, 2)
             return reduced if t.ndim == 4 else reduced.reshape(t.shape[0], -1, t.shape[-1])
 
         rest = list(args[3:])
@@ -128,7 +131,7 @@ class DitKeyValues(SharedPatch):
             if not mode.startswith("nearest"):
                 self._warn(f"an attention mask is set and kv_interpolation={mode!r} is not nearest: keys kept whole")
                 return None
-            mask = downsample_mask_columns(mask, start, layout.grid, factors, mode)
+            mask = downsample_mask_columns(mask, start, grid, factors, mode)
             if positional:
                 rest[1] = mask
             else:
