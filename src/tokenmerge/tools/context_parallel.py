@@ -12,6 +12,7 @@ patched in one process (and vanilla), with each rank's time and the bytes its at
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import statistics
@@ -133,6 +134,27 @@ class UnderContextParallelism:
         self.applied.__exit__(*exc)
 
 
+def _one_process(
+    name: str, height: int, width: int, specs: tuple[str, ...], frames: int | None, small: bool, blocks: int | None
+) -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Tensor], dict[str | None, torch.Tensor]]:
+    """The family's example model, a forward of a model on the example's inputs (batch 1, seeded alike on every
+    rank), and the single-process output of vanilla (key None) and of each spec."""
+    from .architectures import build_model, transformer_inputs, transformer_output
+
+    model = build_model(name, small=small, seed=0, blocks=blocks)
+    inputs = transformer_inputs(model, name, height, width, batch=1, seed=1, frames=frames)
+
+    def forward(m: torch.nn.Module) -> torch.Tensor:
+        with torch.no_grad():
+            return transformer_output(name, m(**{**inputs, "return_dict": False}))
+
+    single = {None: forward(model)}
+    for spec in specs:
+        with _patched(model, spec):
+            single[spec] = forward(model)
+    return model, forward, single
+
+
 def compare_family(
     rank: int,
     world: int,
@@ -156,19 +178,7 @@ def compare_family(
     import copy
     import warnings
 
-    from .architectures import build_model, transformer_inputs, transformer_output
-
-    model = build_model(name, small=small, seed=0, blocks=blocks)
-    inputs = transformer_inputs(model, name, height, width, batch=1, seed=1, frames=frames)
-
-    def forward(m: torch.nn.Module) -> torch.Tensor:
-        with torch.no_grad():
-            return transformer_output(name, m(**{**inputs, "return_dict": False}))
-
-    single = {None: forward(model)}
-    for spec in specs:
-        with _patched(model, spec):
-            single[spec] = forward(model)
+    model, forward, single = _one_process(name, height, width, specs, frames, small, blocks)
     rows = []
     for patch_first in orders:
         for spec in (None, *specs):
@@ -216,25 +226,14 @@ def bench_family(
     """``tokenmerge bench --cp``: one model under Ulysses over ``world`` ranks, tokenmerge applied after
     ``enable_parallelism`` and removed again per variant, vanilla and each spec timed in rounds that rotate their
     order; per rank and variant: the median and range of its forward seconds and the bytes its attention sent per
-    forward. Every rank's rows (gathered to all ranks); the relative L2 against one process's output of the same
-    spec comes from rank 0, which also runs the single-process forwards first."""
+    forward, and the relative L2 of its output against one process's output of the same spec (every rank runs the
+    single-process forwards first). Every rank's rows (gathered to all ranks)."""
     import torch.distributed as dist
     from diffusers import ContextParallelConfig
 
-    from .architectures import build_model, transformer_inputs, transformer_output
-
-    model = build_model(name, small=small, seed=0, blocks=blocks)
-    inputs = transformer_inputs(model, name, height, width, batch=1, seed=1, frames=frames)
-
-    def forward() -> torch.Tensor:
-        with torch.no_grad():
-            return transformer_output(name, model(**{**inputs, "return_dict": False}))
-
+    model, forward_of, single = _one_process(name, height, width, specs, frames, small, blocks)
+    forward = functools.partial(forward_of, model)
     variants = (None, *specs)
-    single = {}
-    for spec in variants:  # one process, every rank alike (the same seeds): the outputs the parallel runs match
-        with _patched(model, spec):
-            single[spec] = forward()
     model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
     times: dict[str | None, list[float]] = {spec: [] for spec in variants}
     sent: dict[str | None, int] = {}
