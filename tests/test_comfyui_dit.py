@@ -43,6 +43,7 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
     report: dict = {"node_module": type(node).__module__, "models": {}}
     for name in MODELS:
         model = comfy_dits.build(name)
+        seeded = _seeded_whatever_memory_holds(comfy_dits, name, model)
         vanilla = comfy_dits.sample(model, name)
         counter = comfy_dits.KeyCounter()
         other = model.clone()  # another node's override (SageAttention and the like set one)
@@ -71,6 +72,7 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
             "calls_plain": seen_plain,
             "calls_todo": seen_todo,
             "calls_chained": seen_chained,
+            "seeded": seeded,
         }
     report["threads_equal"] = _threads(comfy_dits, node)
     unet = build_comfy_patcher("sd15-small")
@@ -83,6 +85,26 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
         "todo_rel_l2": comfy_dits.relative_l2(comfy_run(node.patch(unet, method="todo", kv_factor=2)[0], x, context=context), base),
     }
     return report
+
+
+def _seeded_whatever_memory_holds(comfy_dits, name: str, model) -> bool:
+    """Built again with every ``torch.empty`` full of NaN (uninitialised memory may hold anything, and differs
+    between machines): every float of the model is finite and equals the first build's."""
+    import torch
+
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        tensor = empty(*args, **kwargs)
+        return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+    torch.empty = nan_empty
+    try:
+        again = comfy_dits.build(name).model.state_dict()
+    finally:
+        torch.empty = empty
+    first = model.model.state_dict()
+    return first.keys() == again.keys() and all(torch.equal(first[key], again[key]) for key in first)
 
 
 def _threads(comfy_dits, node) -> bool:
@@ -134,6 +156,11 @@ def report(tmp_path_factory) -> dict:
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_weight_and_buffer_is_seeded_whatever_uninitialised_memory_holds(report, name):
+    assert report["models"][name]["seeded"]
 
 
 def test_the_node_is_loaded_by_comfyuis_custom_node_loader(report):

@@ -1,5 +1,6 @@
 """tokenmerge next to the accelerators users combine it with: DeepCache, FreeU, attention slicing, and diffusers'
-caching hooks (Pyramid Attention Broadcast), which tome refuses where they would scramble merged outputs."""
+caching hooks (Pyramid Attention Broadcast, TaylorSeer), whose cached spans tome runs unmerged where replaying
+merged outputs would scramble them."""
 
 from __future__ import annotations
 
@@ -72,27 +73,52 @@ def _remove_pab(unet):
                 registry.remove_hook(name, recurse=False)
 
 
-@pytest.mark.parametrize("order", ["pab-first", "tokenmerge-first"])
-def test_pyramid_attention_broadcast_is_refused_with_tome_and_works_with_todo(order):
-    unet = build_unet("sd15", small=True)
-    current = {"t": 500}
-    inputs = sd_inputs(unet, 16, 16)
-    if order == "pab-first":
-        _pab(unet, current)
-    tokenmerge.apply_patch(unet, ratio=0.5)
-    if order == "tokenmerge-first":
-        _pab(unet, current)
-    with (
-        torch.no_grad(),
-        pytest.raises(RuntimeError, match="pyramid_attention_broadcast hook, which returns outputs cached in earlier steps"),
-    ):
-        unet(**inputs)
-    tokenmerge.apply_patch(unet, method="todo", kv_factor=2)
+def _pab_steps(unet, current, inputs):
     outputs = []
     with torch.no_grad():
         for t in (500, 400, 300):  # PAB computes, skips (reuses attn1's output), computes
             current["t"] = t
             outputs.append(unet(**{**inputs, "timestep": torch.tensor(t)}).sample)
+    return outputs
+
+
+@pytest.mark.parametrize("order", ["pab-first", "tokenmerge-first"])
+def test_pyramid_attention_broadcast_with_tome_runs_its_spans_unmerged_and_works_with_todo(order):
+    """PAB replays attn1's output of an earlier step: with tome, attn1's span runs unmerged (said once for the whole
+    UNet, not per block), so the result is PAB's own where tome merges nothing else; the other spans still merge."""
+    import warnings
+
+    unet = build_unet("sd15", small=True)
+    current = {"t": 500}
+    inputs = sd_inputs(unet, 16, 16)
+    _pab(unet, current)
+    with_pab = _pab_steps(unet, current, inputs)
+    _remove_pab(unet)
+    if order == "pab-first":
+        _pab(unet, current)
+    tokenmerge.apply_patch(unet, ratio=0.5)
+    if order == "tokenmerge-first":
+        _pab(unet, current)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tome_and_pab = _pab_steps(unet, current, inputs)
+    notices = [str(w.message) for w in caught if "pyramid_attention_broadcast" in str(w.message)]
+    assert len(notices) == 1 and "runs unmerged" in notices[0], notices
+    assert all(torch.equal(a, b) for a, b in zip(tome_and_pab, with_pab))  # attn1 was tome's only merged span
+    tokenmerge.update_options(unet, ratio=0.5, merge_mlp=True)
+    seen = []
+    ff = next(m for name, m in unet.named_modules() if name.endswith("transformer_blocks.0.ff"))
+    handle = ff.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            merged_mlp = _pab_steps(unet, current, inputs)
+    finally:
+        handle.remove()
+    assert min(seen) < max(seen) or min(seen) < 256  # the feed-forward span still runs on merged tokens
+    assert all(torch.isfinite(o).all() for o in merged_mlp) and not torch.equal(merged_mlp[0], with_pab[0])
+    tokenmerge.apply_patch(unet, method="todo", kv_factor=2)
+    outputs = _pab_steps(unet, current, inputs)
     _remove_pab(unet)
     with torch.no_grad():
         current["t"] = 500
@@ -128,10 +154,11 @@ def _flux_taylorseer(model):
 
 
 @pytest.mark.parametrize("cache", [_flux_pab, _flux_taylorseer], ids=["pab-single-stream", "taylorseer"])
-def test_caches_inside_flux_single_stream_blocks_are_refused_with_tome_and_quiet_with_todo(cache):
+def test_caches_inside_flux_single_stream_blocks_run_unmerged_with_tome_and_quiet_with_todo(cache):
     """An attention cache on Flux's single-stream attention sits inside the norm -> proj_out merged span: with tome
-    its replayed output would be unmerged with another step's plan, so it is refused (found through diffusers' hook
-    registry); with todo it composes, and a replayed step (no attention run) is no reason to warn."""
+    its replayed output would be unmerged with another step's plan, so that span runs unmerged (found through
+    diffusers' hook registry; said once); with todo it composes, and a replayed step (no attention run) is no reason
+    to warn."""
     import warnings
 
     from tokenmerge.tools.architectures import build_model, transformer_inputs
@@ -148,9 +175,19 @@ def test_caches_inside_flux_single_stream_blocks_are_refused_with_tome_and_quiet
             for _ in range(4):
                 model(**inputs)
 
-    with tokenmerge.patched(model, ratio=0.5), pytest.raises(RuntimeError, match="returns outputs cached in earlier steps"):
+    seen = []
+    attention = model.single_transformer_blocks[0].attn
+    handle = attention.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["hidden_states"].shape[1]), with_kwargs=True
+    )
+    with tokenmerge.patched(model, ratio=0.5), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         steps()
-    model = build_model("flux", small=True)  # a fresh cache: the refused call stopped it mid-step
+    handle.remove()
+    notices = [str(w.message) for w in caught if "returns outputs cached in earlier steps" in str(w.message)]
+    assert len(notices) == 1 and "runs unmerged" in notices[0], notices
+    assert seen and set(seen) == {16 * 16 // 4 + 5}  # every token of the single stream (image + text) reached it
+    model = build_model("flux", small=True)  # a fresh cache
     cache(model)
     with tokenmerge.patched(model, method="todo"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -139,14 +139,15 @@ class CaptureLayout:
     def _shard(self, layout: TokenLayout, split: ContextSplit, call: CallState) -> TokenLayout | None:
         """The rank's part of the call's layout under context parallelism (None, said once, where it has none)."""
         if split.ring and call.config.method == "tome":
-            self.patch.notice_parallel(
+            self.patch.notice(
+                "parallel",
                 "tome under ring attention is not supported (a ring rank attends to keys it does not hold, whose merge "
-                "sizes it cannot know); its blocks run unchanged. Use method='todo' or 'auto', or Ulysses"
+                "sizes it cannot know); its blocks run unchanged. Use method='todo' or 'auto', or Ulysses",
             )
             return None
         found = shard_layout(layout, split.rank, split.world, split.text_split, split.uneven)
         if isinstance(found, str):
-            self.patch.notice_parallel(f"under context parallelism over {split.world} ranks, {found}: its blocks run unchanged")
+            self.patch.notice("parallel", f"under context parallelism over {split.world} ranks, {found}: its blocks run unchanged")
             return None
         return found
 
@@ -216,7 +217,7 @@ class PlanBlock:
             return IDLE
         grid, shard = layout.grid, layout.shard
         if shard is not None and (refused := self._refused_on_shard(call.config, layout)):
-            self.patch.notice_parallel(f"under context parallelism, {refused}; its blocks run unchanged")
+            self.patch.notice("parallel", f"under context parallelism, {refused}; its blocks run unchanged")
             return IDLE
         action = decide(
             call.config,
@@ -229,10 +230,11 @@ class PlanBlock:
         if shard is not None and action.kv_grid is not None and call.config.kv_interpolation.startswith("nearest"):
             keep, counts = shard.kept(action.kv_factors, call.config.kv_interpolation, x.device)
             if len(set(counts)) > 1 and not call.split.uneven:
-                self.patch.notice_parallel(
+                self.patch.notice(
+                    "parallel",
                     f"under context parallelism, the {shard.world} ranks' parts of its {shard.whole} grid hold {', '.join(map(str, counts))} of the keys "
                     f"one process keeps (factor {action.kv_label}); each keeps {max(counts)} (the collectives need equal "
-                    "lengths), a few more than one process would"
+                    "lengths), a few more than one process would",
                 )
             action = dataclasses.replace(action, kv_keep=keep)
         self._warn_if_void(call.config, shard.whole if shard is not None else grid, action, info)

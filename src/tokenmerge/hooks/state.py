@@ -135,16 +135,17 @@ class PatchState:
         self.wrapped: list[tuple[torch.nn.Module, str]] = []  # (module, attribute) of removable wrappers
         self.routes_dispatch = False  # holds the diffusers dispatch route (hooks.dispatch) while installed
         self.auto_idle_noticed = -1  # the options epoch in which auto's idle notice was given
-        self.parallel_noticed = -1  # the options epoch in which a context-parallel split was refused (said once)
+        self.noticed: dict[str, int] = {}  # topic -> the options epoch in which it was said (once, not per block)
         self.epoch = 0
         self.__setstate__({})
 
     # -- options ---------------------------------------------------------------------------------------
 
-    def notice_parallel(self, message: str) -> None:
-        """A context-parallel split the patch cannot reduce is said once per options (every block would repeat it)."""
-        if self.parallel_noticed != self.epoch:
-            self.parallel_noticed = self.epoch
+    def notice(self, topic: str, message: str) -> None:
+        """What every block would repeat (a context-parallel split it cannot reduce, a step cache in its merged
+        spans) is said once per topic and options."""
+        if self.noticed.get(topic) != self.epoch:
+            self.noticed[topic] = self.epoch
             warnings.warn(f"tokenmerge: {type(self.layout.root).__name__}: {message}", stacklevel=4)
 
     def set_config(self, config: TokenMergeConfig) -> None:

@@ -24,14 +24,18 @@ def caching_wrappers(module: torch.nn.Module) -> list[str]:
     return [name for name in hooks if name in REPLAYING_HOOKS]
 
 
-def refuse_caching_wrappers(modules: list[torch.nn.Module], where: str) -> None:
+def cached_span_notice(modules: list[torch.nn.Module], where: str) -> str | None:
+    """Why a merged span must run unmerged: a diffusers hook in it may return an output cached in an earlier step,
+    computed on that step's merged tokens, which this step's merge cannot restore. Unmerged, every output the hook
+    caches or replays has the full sequence, so the two compose exactly (only that span's saving is given up)."""
     found = sorted({name for module in modules for name in caching_wrappers(module)})
-    if found:
-        raise RuntimeError(
-            f"tokenmerge: {where} is wrapped by diffusers' {', '.join(found)} hook, which returns outputs cached in earlier "
-            "steps. With method='tome' those outputs were computed on that step's merged tokens and cannot be restored with "
-            "this step's merge; use method='todo' or 'auto' together with it, or apply tokenmerge only to modules it does not cache"
-        )
+    if not found:
+        return None
+    return (
+        f"{where} is wrapped by diffusers' {', '.join(found)} hook, which returns outputs cached in earlier steps; merged "
+        "outputs of one step cannot be restored with another step's merge, so that span runs unmerged (method='todo' or "
+        "'auto' keep every token and compose with such caches fully)"
+    )
 
 
 class _SpanHook:
@@ -74,7 +78,10 @@ class EnterSpan(_SpanHook):
         span = self.patch.blocks[self.block].layout.spans[self.span]
         if not self.patch.current().config.merges(span.option, self.patch.layout.single_level):
             return None
-        refuse_caching_wrappers([span.enter, span.leave, *[m for m, _ in span.follows]], f"{span.name} of transformer block {self.block}")
+        notice = cached_span_notice([span.enter, span.leave, *[m for m, _ in span.follows]], f"the {span.name} of block {self.block}")
+        if notice is not None:
+            self.patch.notice("step cache", notice)
+            return None
         return block.action.plan
 
     def _plan_for(self, x: torch.Tensor, plan: MergePlan, block: BlockCall, stream: TokenLayout) -> MergePlan | None:

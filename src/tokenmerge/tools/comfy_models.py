@@ -169,8 +169,14 @@ def attention_backend() -> str:
     return attention.optimized_attention.__name__
 
 
+# Buffers ComfyUI allocates with torch.empty and fills only from a checkpoint.
+CHECKPOINT_BUFFERS = frozenset({"pos_embed"})
+
+
 def reinit_all(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """ComfyUI builds layers without initialising them: give every parameter a seeded value."""
+    """ComfyUI builds layers without initialising them: give every parameter a seeded value, and the buffers it
+    leaves as ``torch.empty`` for a checkpoint to fill (MMDiT's ``pos_embed``) too: uninitialised memory differs
+    between machines and runs, and can hold NaNs."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in module.modules():
@@ -180,6 +186,9 @@ def reinit_all(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
                     p.copy_(torch.empty(p.shape).uniform_(-bound, bound, generator=g))
                 else:
                     p.fill_(1.0 if name == "weight" else 0.0)
+            for name, b in m.named_buffers(recurse=False):
+                if name in CHECKPOINT_BUFFERS:
+                    b.copy_(torch.empty(b.shape).uniform_(-1.0, 1.0, generator=g))
     return module
 
 
