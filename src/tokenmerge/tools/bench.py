@@ -192,6 +192,20 @@ def _sampled(pipe: Any, spec: PatchSpec | None, defaults: dict[str, Any], steps:
     return sample
 
 
+def _looped(
+    net: torch.nn.Module, name: str, spec: PatchSpec | None, defaults: dict[str, Any], clock: Any
+) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """One whole flow-matching loop of a transformer (:func:`tokenmerge.tools.loops.flow_loop`) with the spec and its
+    step caches on."""
+    from .loops import flow_loop
+
+    def sample(inputs: dict[str, Any]) -> torch.Tensor:
+        with contextlib.nullcontext() if spec is None else spec.applied(net, clock=clock, **defaults):
+            return flow_loop(net, name, inputs, clock)
+
+    return sample
+
+
 def _compiled(unet: torch.nn.Module, spec: PatchSpec | None, defaults: dict[str, Any]) -> Callable[[dict[str, Any]], torch.Tensor]:
     """A patched copy of the model, compiled once (patching a compiled module per call would recompile)."""
     model = copy.deepcopy(unet)
@@ -321,9 +335,13 @@ def run_bench(
     if model in TRANSFORMERS and any(s.method == "tomesd" for s in wanted):
         raise ValueError(f"tomesd does not support {model} (it patches UNet BasicTransformerBlocks only); drop the tomesd rows")
     if any(s.accelerators for s in wanted) and not steps:
-        raise ValueError("accelerators (+deepcache, +freeu, +slicing) work on whole sampling loops: add --steps N")
-    if steps and (model not in UNETS or compile):
-        raise ValueError("--steps times whole sampling loops of a UNet pipeline (sd15, sd21, sdxl), without --compile")
+        raise ValueError("accelerators (+deepcache, +fbcache, ...) work on whole sampling loops: add --steps N")
+    if steps and compile:
+        raise ValueError("--steps times whole sampling loops without --compile")
+    if steps and model in UNETS and any(s.caches for s in wanted):
+        raise ValueError(f"{model}: the step caches (+fbcache, +dbcache, ...) act on transformers; a UNet's is +deepcache")
+    if steps and model in TRANSFORMERS and any(len(s.caches) < len(s.accelerators) for s in wanted):
+        raise ValueError(f"{model}: +deepcache, +freeu and +slicing act on a UNet pipeline; a transformer's are its step caches")
     specs = available(wanted)
     if len(specs) < len(wanted):
         log("tomesd is not installed: its rows are left out (pip install tomesd==0.1.3)")
@@ -335,7 +353,13 @@ def run_bench(
         with patched(net):
             # tomesd gets tokenmerge's level: its own default (1) merges nothing on SDXL.
             defaults["max_downsample"] = describe(net).denoisers[0].top_level
-    if steps:
+    if steps and model in TRANSFORMERS:
+        from .caches import Clock
+
+        clock = Clock(steps)
+        variants = [Variant("vanilla", _looped(net, model, None, defaults, clock))]
+        variants += [Variant(s.name, _looped(net, model, s, defaults, clock)) for s in specs]
+    elif steps:
         from .pipelines import latent_pipeline
 
         pipe = latent_pipeline(net)
@@ -343,7 +367,7 @@ def run_bench(
         variants += [Variant(s.name, _sampled(pipe, s, defaults, steps)) for s in specs]
         pipe_inputs = lambda size: {"size_px": size, "seed": seed, "batch": batch // 2 or 1}  # noqa: E731 (CFG doubles it)
         return time_variants(variants, {size: (lambda size=size: pipe_inputs(size)) for size in sizes_px}, repeats, net.device, log)
-    if compile:
+    elif compile:
         # Each variant is a patched copy of one architecture: with torch's default (hook guards skipped)
         # the copies would all reuse the graph traced first, the vanilla one.
         torch._dynamo.config.skip_nnmodule_hook_guards = False
@@ -351,7 +375,7 @@ def run_bench(
         variants += [Variant(f"{s.name} (compiled)", _compiled(net, s, defaults)) for s in specs if s.method != "tomesd"]
         if any(s.method == "tomesd" for s in specs):
             log("--compile: tomesd is left out (its patched UNet does not trace: see tests/test_compile.py)")
-    else:
+    if not steps and not compile:
         variants = [Variant("vanilla", lambda inputs: _forward(net, inputs))]
         variants += [Variant(s.name, _patched(net, s, defaults)) for s in specs]
 

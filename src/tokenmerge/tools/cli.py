@@ -74,8 +74,10 @@ def _bench(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise SystemExit(f"tokenmerge bench: error: {error}") from error
         label = f"{describe_model(args.model, args.small, args.blocks)}, {args.dtype}{', compiled' if args.compile else ''}"
-        if args.steps:
+        if args.steps and args.model in UNETS:
             label += f", whole sampling loops of {args.steps} DDIM steps (CFG)"
+        elif args.steps:
+            label += f", whole sampling loops of {args.steps} flow-matching Euler steps"
     rounds = None if args.comfyui else args.repeats
     print(format_table(rows, label, args.batch, args.device, timed="run" if args.steps else "forward", rounds=rounds))
     meta = dict(
@@ -294,8 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps",
         type=int,
         default=0,
-        help="UNets: time whole sampling loops of N DDIM steps (CFG) instead of one forward; variants may then add "
-        "accelerators: auto+deepcache, tome:0.5+freeu, deepcache, ... (default 0: one forward)",
+        help="time whole sampling loops of N steps instead of one forward (UNets: DDIM with CFG; transformers: "
+        "flow-matching Euler); variants may then add accelerators: a UNet's auto+deepcache, tome:0.5+freeu, "
+        "slicing; a transformer's step caches auto+fbcache, tome:0.5+taylorseer, magcache, fastercache, pab, "
+        "dbcache (cache-dit) (default 0: one forward)",
     )
     bench.add_argument("--ratio", type=float, default=DEFAULTS.ratio, help="ratio of the default tomesd/tome rows and of --comfyui")
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N]")

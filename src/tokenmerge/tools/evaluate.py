@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .caches import Clock
 from .specs import PatchSpec, available
 
 PROMPTS = ("a photograph of a cat", "a mountain lake at dawn", "a bowl of fruit on a table", "a red car in the city")
@@ -71,7 +72,11 @@ class Result:
 
     def summary(self) -> dict[str, Any]:
         def stats(values: list[float]) -> tuple[float, float]:
-            return (statistics.fmean(values), statistics.pstdev(values)) if values else (float("nan"), float("nan"))
+            if not values:
+                return float("nan"), float("nan")
+            if not all(np.isfinite(values)):  # an image identical to vanilla's: inf dB (a cache that never fired)
+                return float(np.mean(values)), float("nan")
+            return statistics.fmean(values), statistics.pstdev(values)
 
         return {
             "config": self.name,
@@ -116,7 +121,7 @@ class ReferenceSampler:
     model samples clips of ``frames`` frames (default: the frames it is trained on)."""
 
     def __init__(self, path: str | Path, size: int | None, steps: int, guidance: float, frames: int | None = None) -> None:
-        from .reference.models import VIDEO_FRAMES, load_reference, native_size
+        from .reference.models import VIDEO_FRAMES, ddim_timesteps, load_reference, native_size
 
         self.path = Path(path)
         self.model = load_reference(path)
@@ -125,6 +130,7 @@ class ReferenceSampler:
         if frames and not self.model.is_video:
             raise ValueError(f"--frames applies to the video reference model only; {self.path.name} is a {self.model.kind} model")
         self.target = self.model.denoiser
+        self.clock = Clock(steps, timesteps=ddim_timesteps(steps))  # the step caches (+fbcache, ...) read the loop's step from it
 
     def describe(self) -> str:
         clip = f", {self.frames} frames" if self.frames else ""
@@ -139,7 +145,7 @@ class ReferenceSampler:
         labels = torch.tensor([self.label(seed)])
         clip = (self.frames,) if self.frames else ()
         noise = torch.randn(1, 3, *clip, self.size, self.size, generator=torch.Generator().manual_seed(seed))
-        image = sample(self.model, labels, noise, steps=self.steps, guidance=self.guidance)[0]
+        image = sample(self.model, labels, noise, steps=self.steps, guidance=self.guidance, clock=self.clock)[0]
         channels_last = image.movedim(0, -1)  # (H, W, 3), or (F, H, W, 3) for a clip
         return ((channels_last.numpy() + 1) / 2).astype(np.float64)
 
@@ -213,7 +219,7 @@ def run_eval(
         produced: dict[str, np.ndarray] = {}
         for config in runs[shift:] + runs[:shift]:
             name = "vanilla" if config is None else config.name
-            with contextlib.nullcontext() if config is None else config.applied(target):
+            with contextlib.nullcontext() if config is None else config.applied(target, clock=getattr(sampler, "clock", None)):
                 t0 = time.perf_counter()
                 produced[name] = sampler(seed)
                 results[name].seconds += time.perf_counter() - t0

@@ -13,11 +13,12 @@ its VAE is a small untrained one that only sets the latent scale factor (8). Acc
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-ACCELERATORS = ("deepcache", "freeu", "slicing")
+PIPELINE_ACCELERATORS = ("deepcache", "freeu", "slicing")
 
 
 def latent_pipeline(unet: torch.nn.Module) -> Any:
@@ -63,8 +64,16 @@ def sample_latents(pipe: Any, size_px: int, steps: int, seed: int = 0, batch: in
         ).images
 
 
-def enable(pipe: Any, accelerator: str) -> Callable[[], None]:
-    """Turn ``accelerator`` on for ``pipe``; returns the function that turns it off again."""
+def enable(pipe: Any, accelerator: str, timesteps: tuple[int, ...] = ()) -> Callable[[], None]:
+    """Turn ``accelerator`` on for ``pipe``; returns the function that turns it off again. DeepCache also runs on
+    a bare UNet sampled by a loop of the given DDIM ``timesteps`` (the reference UNet in ``eval``): it only reads
+    the pipeline's ``unet`` and ``scheduler.timesteps``."""
+    if accelerator == "deepcache" and not hasattr(pipe, "unet"):
+        if not timesteps:
+            raise ValueError(f"+deepcache acts on a UNet pipeline or a UNet in a DDIM loop, not on a {type(pipe).__name__}")
+        pipe = SimpleNamespace(unet=pipe, scheduler=SimpleNamespace(timesteps=torch.tensor(timesteps)))
+    elif accelerator != "deepcache" and not hasattr(pipe, "unet"):
+        raise ValueError(f"+{accelerator} acts on a UNet pipeline, not on a {type(pipe).__name__}")
     if accelerator == "deepcache":
         from DeepCache import DeepCacheSDHelper
 
@@ -84,4 +93,4 @@ def enable(pipe: Any, accelerator: str) -> Callable[[], None]:
     if accelerator == "slicing":
         pipe.enable_attention_slicing()
         return pipe.disable_attention_slicing
-    raise ValueError(f"accelerator must be one of {', '.join(ACCELERATORS)}, got {accelerator!r}")
+    raise ValueError(f"a pipeline's accelerator must be one of {', '.join(PIPELINE_ACCELERATORS)}, got {accelerator!r}")

@@ -2,8 +2,10 @@
 
 ``tome:0.5`` (ratio), ``todo:2`` (key/value factor), ``auto``, ``tomesd:0.5`` (the reference library)
 and any tokenmerge option after a comma: ``tome:0.5,share_plan=true,reuse_steps=3,match_dtype=bfloat16``;
-with ``+`` an accelerator from :mod:`tokenmerge.tools.pipelines` (whole sampling loops, ``bench --steps``):
-``auto+deepcache``, ``tome:0.5+freeu``, or an accelerator alone: ``deepcache``.
+with ``+`` an accelerator for whole sampling loops (``bench --steps``, ``eval``): one of a UNet pipeline's
+(:mod:`tokenmerge.tools.pipelines`: ``deepcache``, ``freeu``, ``slicing``) or a transformer's step cache
+(:mod:`tokenmerge.tools.caches`: ``fbcache``, ``taylorseer``, ``magcache``, ``fastercache``, ``pab``, ``dbcache``):
+``auto+deepcache``, ``tome:0.5+fbcache``, or an accelerator alone: ``dbcache``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any
 
 from .. import apply_patch, remove_patch
 from ..config import OPTION_NAMES, TokenMergeConfig, ignored_by
+from .caches import CACHES, NAMES, Clock, enable_cache
+from .pipelines import PIPELINE_ACCELERATORS
 
 SPEC_METHODS = ("tome", "todo", "auto", "tomesd")  # "none": accelerators alone
-ACCELERATORS = ("deepcache", "freeu", "slicing")
-_FORMAT = "tome:0.5, todo:2, auto or tomesd:0.5, optionally followed by ,option=value and +deepcache / +freeu / +slicing"
+ACCELERATORS = (*PIPELINE_ACCELERATORS, *CACHES)
+_FORMAT = f"tome:0.5, todo:2, auto or tomesd:0.5, optionally followed by ,option=value and +accelerator ({', '.join(ACCELERATORS)})"
 
 
 def _parse_value(text: str) -> Any:
@@ -93,7 +97,9 @@ class PatchSpec:
 
     @property
     def name(self) -> str:
-        accelerators = [{"deepcache": "DeepCache", "freeu": "FreeU", "slicing": "attention slicing"}[a] for a in self.accelerators]
+        accelerators = [
+            ({"deepcache": "DeepCache", "freeu": "FreeU", "slicing": "attention slicing"} | NAMES)[a] for a in self.accelerators
+        ]
         if self.method == "none":
             return " + ".join(accelerators)
         if self.method == "tomesd":
@@ -104,12 +110,21 @@ class PatchSpec:
             head += "".join(f" {k}={v}" for k, v in self.options.items())
         return " + ".join([head, *accelerators])
 
+    @property
+    def caches(self) -> tuple[str, ...]:
+        """The step caches among the accelerators (they act on a transformer, not on a pipeline)."""
+        return tuple(a for a in self.accelerators if a in CACHES)
+
     @contextlib.contextmanager
-    def applied(self, target: Any, **defaults: Any) -> Iterator[None]:
-        """Patch ``target`` (and turn the accelerators on, ``target`` then being a pipeline) for the block's
+    def applied(self, target: Any, clock: Clock | None = None, **defaults: Any) -> Iterator[None]:
+        """Patch ``target`` (and turn the accelerators on: a pipeline's on ``target`` then being a pipeline, a step
+        cache on ``target`` then being a transformer, reading the loop's step from ``clock``) for the block's
         duration. ``defaults`` (e.g. seed) apply unless the spec sets them; tomesd only gets ``max_downsample``
         (its own default of 1 does nothing on SDXL)."""
         from .pipelines import enable
+
+        if self.caches and clock is None:
+            raise ValueError(f"{self.name}: step caches ({', '.join(self.caches)}) run in whole sampling loops of a transformer")
 
         if self.method == "tomesd":
             import tomesd
@@ -122,7 +137,10 @@ class PatchSpec:
         offs = []
         try:
             for accelerator in self.accelerators:
-                offs.append(enable(target, accelerator))
+                if accelerator in CACHES:
+                    offs.append(enable_cache(target, accelerator, clock))  # type: ignore[arg-type]
+                else:
+                    offs.append(enable(target, accelerator, clock.timesteps if clock is not None else ()))
             yield
         finally:
             for off in reversed(offs):

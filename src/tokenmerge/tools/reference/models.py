@@ -229,19 +229,40 @@ def load_reference(path: str | Path) -> ReferenceModel:
     return model.eval()
 
 
+def ddim_timesteps(steps: int) -> tuple[int, ...]:
+    """The timesteps :func:`sample` runs, high noise first."""
+    from diffusers import DDIMScheduler
+
+    scheduler = DDIMScheduler(**scheduler_config(), clip_sample=True)
+    scheduler.set_timesteps(steps)
+    return tuple(int(t) for t in scheduler.timesteps)
+
+
 @torch.no_grad()
-def sample(model: ReferenceModel, labels: torch.Tensor, noise: torch.Tensor, steps: int = 20, guidance: float = 3.0) -> torch.Tensor:
+def sample(
+    model: ReferenceModel, labels: torch.Tensor, noise: torch.Tensor, steps: int = 20, guidance: float = 3.0, clock: Any = None
+) -> torch.Tensor:
     """DDIM with classifier-free guidance (one batch of 2B: conditional + unconditional), images in [-1, 1].
 
-    The same ``noise`` starts the same trajectory for every variant compared. Clips: ``noise`` (B, 3, F, H, W)."""
+    The same ``noise`` starts the same trajectory for every variant compared. Clips: ``noise`` (B, 3, F, H, W).
+    Each model call runs in the cache context diffusers' step caches need; ``clock`` (:class:`tokenmerge.tools.caches.
+    Clock`) is told each step's timestep, for the caches that read it."""
     from diffusers import DDIMScheduler
+
+    from ..caches import end_loop, step_context
 
     scheduler = DDIMScheduler(**scheduler_config(), clip_sample=True)
     scheduler.set_timesteps(steps)
     x = noise.clone()
     both = torch.cat([labels, torch.full_like(labels, model.null_class)])
-    for t in scheduler.timesteps:
-        eps = model(torch.cat([x, x]), t, both)
-        cond, uncond = eps.chunk(2)
-        x = scheduler.step(uncond + guidance * (cond - uncond), t, x).prev_sample
+    try:
+        for t in scheduler.timesteps:
+            if clock is not None:
+                clock.timestep = float(t)
+            with step_context(model.denoiser):
+                eps = model(torch.cat([x, x]), t, both)
+            cond, uncond = eps.chunk(2)
+            x = scheduler.step(uncond + guidance * (cond - uncond), t, x).prev_sample
+    finally:
+        end_loop(model.denoiser)
     return x.clamp(-1, 1)

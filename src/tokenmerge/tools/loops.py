@@ -1,0 +1,39 @@
+"""Whole sampling loops of a bench transformer (``tokenmerge bench --steps N`` on a DiT): flow-matching Euler steps
+from sigma 1 to 0 on the inputs its family's example builds (as its pipeline passes them), each model call inside
+the cache context diffusers' step caches need, so that tokenmerge, a cache (:mod:`tokenmerge.tools.caches`) and the
+two together are timed on the same work. No scheduler shift, no CFG beyond the example's batch: the loop is a
+timing harness, not a sampler to look at (quality comes from the reference models, ``tokenmerge eval``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .architectures import transformer_output
+from .caches import Clock, end_loop, step_context
+
+LATENT = "hidden_states"
+
+
+def flow_loop(model: torch.nn.Module, name: str, inputs: dict[str, Any], clock: Clock) -> torch.Tensor:
+    """``clock.steps`` Euler steps of the flow ``x' = v(x, t)`` from the example's latent; returns the final latent.
+    The example's timestep (its family's scale at mid-noise) is scaled to each step's sigma."""
+    if LATENT not in inputs or "timestep" not in inputs:
+        raise ValueError(f"--steps on a transformer needs its {LATENT} and timestep inputs; {name}'s example has {', '.join(inputs)}")
+    x = inputs[LATENT].clone()
+    mid = inputs["timestep"]
+    sigmas = torch.linspace(1.0, 0.0, clock.steps + 1)
+    try:
+        for i in range(clock.steps):
+            sigma, after = float(sigmas[i]), float(sigmas[i + 1])
+            clock.timestep = sigma * 1000.0
+            timestep = (mid.float() * (sigma / 0.5)).to(mid.dtype)
+            with torch.inference_mode(), step_context(model):
+                velocity = transformer_output(name, model(**{**inputs, LATENT: x, "timestep": timestep}))
+            if velocity.shape != x.shape:
+                raise ValueError(f"--steps: {name}'s output {tuple(velocity.shape)} is not shaped as its latent {tuple(x.shape)}")
+            x = x + (after - sigma) * velocity
+    finally:
+        end_loop(model)
+    return x
