@@ -86,12 +86,42 @@ def test_bench_whole_sampling_loops_with_accelerators(tmp_path, capsys):
     assert all(r["rel_l2"] > 0 for r in rows[1:])
 
 
-@pytest.mark.parametrize("spec,error", [("auto+turbo", "unknown accelerator"), ("deepcache+tome:0.5", "unknown accelerator")])
+@pytest.mark.parametrize("spec,error", [("auto+turbo", "unknown accelerator"), ("auto+tome:0.5+dbcache", "more than one method")])
 def test_bad_accelerator_specs(spec, error):
     from tokenmerge.tools.specs import PatchSpec
 
     with pytest.raises(ValueError, match=error):
         PatchSpec.parse(spec)
+
+
+def test_accelerators_may_come_first():
+    from tokenmerge.tools.specs import PatchSpec
+
+    assert PatchSpec.parse("dbcache+tome:0.5") == PatchSpec.parse("tome:0.5+dbcache")
+    assert PatchSpec.parse("dbcache").method == "none" and PatchSpec.parse("dbcache").caches == ("dbcache",)
+
+
+def test_bench_whole_transformer_loops_with_step_caches(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--model", "flux", "--small", "--batch", "1", "--steps", "4", "--sizes", "128", "--repeats", "0"]
+    assert main([*argv, "--json", str(out), "--variants", "taylorseer", "auto+taylorseer", "tome:0.5+magcache"]) == 0
+    table = capsys.readouterr().out
+    assert "whole sampling loops of 4 flow-matching Euler steps" in table and "median s/run" in table
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["vanilla", "TaylorSeer", "tokenmerge auto + TaylorSeer", "tokenmerge r=0.5 + MagCache"]
+    assert all(r["rel_l2"] > 0 for r in rows[1:])
+
+
+@pytest.mark.parametrize(
+    "argv,error",
+    [
+        (["--model", "flux", "--variants", "auto+deepcache"], "act on a UNet pipeline"),
+        (["--variants", "auto+fbcache"], "act on transformers"),
+    ],
+)
+def test_accelerators_for_the_other_kind_of_model_are_refused(argv, error):
+    with pytest.raises(SystemExit, match=error):
+        main(["bench", "--small", "--steps", "2", "--sizes", "128", *argv])
 
 
 def test_accelerators_need_whole_sampling_loops(capsys):

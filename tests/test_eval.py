@@ -263,3 +263,25 @@ def test_shipped_reference_models_load_and_are_small(kind):
     model = load_reference(path)
     assert model.num_classes >= 8
     assert path.stat().st_size < 20e6
+
+
+def test_a_configuration_identical_to_vanilla_summarises_and_plots(tmp_path):
+    """A threshold cache that never fires gives images identical to vanilla's (inf dB): the summary says inf, not
+    an error, and the frontier plot draws every group."""
+    pytest.importorskip("matplotlib")
+    from tokenmerge.tools.evaluate import Result, frontier_groups, save_frontier
+
+    results = [
+        Result("vanilla", seconds=2.0),
+        Result("FirstBlockCache", psnr=[float("inf")] * 2, ssim=[1.0, 1.0], rel_l2=[0.0, 0.0], speedup=1.0),
+        Result("tokenmerge r=0.5", psnr=[30.0, 32.0], ssim=[0.9, 0.92], rel_l2=[0.1, 0.1], speedup=1.5),
+        Result("tokenmerge r=0.25", psnr=[35.0, 36.0], ssim=[0.95, 0.96], rel_l2=[0.05, 0.05], speedup=1.2),
+        Result("tokenmerge auto + cache-dit DBCache", psnr=[25.0, 27.0], ssim=[0.8, 0.85], rel_l2=[0.2, 0.2], speedup=2.5),
+    ]
+    summary = results[1].summary()
+    assert summary["psnr_mean"] == float("inf") and np.isnan(summary["psnr_std"])
+    groups = frontier_groups(results)
+    assert [r.name for r in groups["tokenmerge tome (ratio)"]] == ["tokenmerge r=0.25", "tokenmerge r=0.5"]  # by speed-up
+    assert set(groups) == {"tokenmerge tome (ratio)", "step caches alone", "tokenmerge + cache-dit DBCache"}
+    save_frontier(results, tmp_path / "frontier.png", "test", highlight=("tokenmerge r=0.5",))
+    assert (tmp_path / "frontier.png").stat().st_size > 1000

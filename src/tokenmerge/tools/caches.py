@@ -24,6 +24,7 @@ each model call inside ``model.cache_context`` (diffusers); :func:`step_context`
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -59,11 +60,12 @@ def enable_cache(model: torch.nn.Module, name: str, clock: Clock) -> Callable[[]
     off again (every hook removed)."""
     if name not in CACHES:
         raise ValueError(f"cache must be one of {', '.join(CACHES)}, got {name!r}")
-    if name != "dbcache" and not hasattr(model, "enable_cache"):
+    if name != "dbcache" and not hasattr(model, "transformer_blocks") and not hasattr(model, "blocks"):
         raise ValueError(
             f"+{name}: diffusers' step caches act on its transformers, not on a {type(model).__name__} (a UNet's is +deepcache)"
         )
     if name == "dbcache":
+        os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "warning")  # not its INFO lines in every table (read at import)
         import cache_dit
         from cache_dit import DBCacheConfig, TaylorSeerCalibratorConfig
 
@@ -111,8 +113,46 @@ def enable_cache(model: torch.nn.Module, name: str, clock: Clock) -> Callable[[]
             spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(100, 800), current_timestep_callback=now
         ),
     }
-    model.enable_cache(configs[name]())
-    return model.disable_cache
+    config = configs[name]()
+    if hasattr(model, "enable_cache"):
+        model.enable_cache(config)
+        return model.disable_cache
+    return _apply_hooks(model, name, config)  # a transformer without diffusers' CacheMixin (SD3's in 0.42)
+
+
+def _apply_hooks(model: torch.nn.Module, name: str, config: Any) -> Callable[[], None]:
+    """What ``CacheMixin.enable_cache`` / ``disable_cache`` do, for a model class that does not inherit it."""
+    from diffusers.hooks import (
+        HookRegistry,
+        apply_faster_cache,
+        apply_first_block_cache,
+        apply_mag_cache,
+        apply_pyramid_attention_broadcast,
+        apply_taylorseer_cache,
+    )
+    from diffusers.hooks.faster_cache import _FASTER_CACHE_BLOCK_HOOK, _FASTER_CACHE_DENOISER_HOOK
+    from diffusers.hooks.first_block_cache import _FBC_BLOCK_HOOK, _FBC_LEADER_BLOCK_HOOK
+    from diffusers.hooks.mag_cache import _MAG_CACHE_BLOCK_HOOK, _MAG_CACHE_LEADER_BLOCK_HOOK
+    from diffusers.hooks.pyramid_attention_broadcast import _PYRAMID_ATTENTION_BROADCAST_HOOK
+    from diffusers.hooks.taylorseer_cache import _TAYLORSEER_CACHE_HOOK
+
+    apply, hooks = {
+        "fbcache": (apply_first_block_cache, (_FBC_LEADER_BLOCK_HOOK, _FBC_BLOCK_HOOK)),
+        "taylorseer": (apply_taylorseer_cache, (_TAYLORSEER_CACHE_HOOK,)),
+        "magcache": (apply_mag_cache, (_MAG_CACHE_LEADER_BLOCK_HOOK, _MAG_CACHE_BLOCK_HOOK)),
+        "fastercache": (apply_faster_cache, (_FASTER_CACHE_DENOISER_HOOK, _FASTER_CACHE_BLOCK_HOOK)),
+        "pab": (apply_pyramid_attention_broadcast, (_PYRAMID_ATTENTION_BROADCAST_HOOK,)),
+    }[name]
+    apply(model, config)
+    registry = HookRegistry.check_if_exists_or_initialize(model)
+    registry.invalidate_child_registries_cache()
+
+    def off() -> None:
+        for hook in hooks:
+            registry.remove_hook(hook, recurse=True)
+        registry.invalidate_child_registries_cache()
+
+    return off
 
 
 def _undo_cache_dit(model: torch.nn.Module, order: list[str]) -> None:
@@ -135,16 +175,23 @@ def _flux_mag_ratios() -> torch.Tensor:
 
 @contextlib.contextmanager
 def step_context(model: torch.nn.Module, name: str = "cond") -> Iterator[None]:
-    """The cache context diffusers' cache hooks need around every model call (pipelines open one per call);
-    nothing for a model without them."""
-    context = getattr(model, "cache_context", None)
-    with contextlib.nullcontext() if context is None else context(name):
+    """The cache context diffusers' cache hooks need around every model call (pipelines open one per call, through
+    ``CacheMixin.cache_context``; here also for a model class without it); nothing for a model without hooks."""
+    if getattr(model, "_diffusers_hook", None) is None:
         yield
+        return
+    from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
+    _set_cache_context(model, CacheContext(name))
+    try:
+        yield
+    finally:
+        _set_cache_context(model, None)
 
 
 def end_loop(model: torch.nn.Module) -> None:
     """What a pipeline does at the end of a call: diffusers' cache hooks drop their state (cache-dit refreshes its
     own once ``num_inference_steps`` steps have run)."""
-    reset = getattr(model, "_reset_stateful_cache", None)
-    if reset is not None and getattr(model, "is_cache_enabled", False):
-        reset()
+    registry = getattr(model, "_diffusers_hook", None)
+    if registry is not None:
+        registry.reset_stateful_hooks(recurse=True)

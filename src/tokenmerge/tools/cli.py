@@ -140,6 +140,7 @@ def _eval(args: argparse.Namespace) -> int:
         paired_against,
         results_json,
         run_eval,
+        save_frontier,
         save_grid,
         structure_table,
     )
@@ -186,6 +187,8 @@ def _eval(args: argparse.Namespace) -> int:
         Path(args.json).write_text(results_json(results, **meta))
     if args.grid:
         save_grid(images, args.grid)
+    if args.frontier:
+        save_frontier(results, args.frontier, header, highlight=tuple(PatchSpec.parse(h).name for h in args.label))
     return 0
 
 
@@ -369,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--threads", type=int, default=0)
     ev.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ev.add_argument("--grid", metavar="PNG", help="write a side-by-side image grid (vanilla and each configuration)")
+    ev.add_argument(
+        "--frontier", metavar="PNG", help="plot PSNR and SSIM against speed-up, a line per kind of configuration (needs matplotlib)"
+    )
+    ev.add_argument("--label", nargs="*", default=[], metavar="CONFIG", help="configurations named on the --frontier plot")
     ev.add_argument("--no-structure", dest="structure", action="store_false", help="skip the attention-structure table (entropy, distance)")
     ev.set_defaults(func=_eval)
 

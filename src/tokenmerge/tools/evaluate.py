@@ -312,6 +312,62 @@ def results_json(results: list[Result], **meta: Any) -> str:
     return json.dumps({"meta": meta, "results": [r.summary() for r in results]}, indent=2)
 
 
+def frontier_groups(results: list[Result]) -> dict[str, list[Result]]:
+    """The configurations of a frontier plot by what they vary: ToMe ratios, token-downsampling factors, auto
+    budgets, step caches alone and stacked (each a line ordered by speed-up); the rest as single points."""
+    groups: dict[str, list[Result]] = {}
+    for result in results:
+        if result.name == "vanilla":
+            continue
+        name = result.name
+        if " + " in name:
+            group = "with a step cache" if not name.startswith("tokenmerge") else f"tokenmerge + {name.split(' + ')[-1]}"
+        elif name.startswith("tokenmerge r="):
+            group = "tokenmerge tome (ratio)"
+        elif name.startswith("tokenmerge todo"):
+            group = "tokenmerge todo (kv_factor)"
+        elif name.startswith("tokenmerge auto"):
+            group = "tokenmerge auto (budget)"
+        elif name.startswith("tomesd"):
+            group = "tomesd (ratio)"
+        else:
+            group = "step caches alone"
+        groups.setdefault(group, []).append(result)
+    return {g: sorted(rs, key=lambda r: r.speedup) for g, rs in groups.items()}
+
+
+def save_frontier(results: list[Result], path: str | Path, title: str, highlight: tuple[str, ...] = ()) -> None:
+    """PSNR and SSIM (mean over seeds, bars: one standard deviation) against the speed-up measured in the same run,
+    one line per group of :func:`frontier_groups`; ``highlight`` names configurations labelled on the plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for group, members in frontier_groups(results).items():
+        x = [r.speedup for r in members]
+        for ax, metric in zip(axes, ("psnr", "ssim")):
+            values = [getattr(r, metric) for r in members]
+            finite = [[v for v in vs if np.isfinite(v)] for vs in values]
+            means = [statistics.fmean(v) if v else float("nan") for v in finite]
+            stds = [statistics.pstdev(v) if len(v) > 1 else 0.0 for v in finite]
+            ax.errorbar(x, means, yerr=stds, marker="o", capsize=3, label=group, linestyle="-" if len(members) > 1 else "none")
+            for r, m in zip(members, means):
+                if r.name in highlight:
+                    ax.annotate(r.name.replace("tokenmerge ", ""), (r.speedup, m), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    axes[0].set_ylabel("PSNR against vanilla (dB)")
+    axes[1].set_ylabel("SSIM against vanilla")
+    for ax in axes:
+        ax.set_xlabel("speed-up over vanilla (same run)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def save_grid(images: dict[str, list[np.ndarray]], path: str | Path, rows: int = 4) -> None:
     """Rows = seeds, columns = vanilla and each configuration, with the configuration names on top. Clips:
     :func:`save_strips`."""

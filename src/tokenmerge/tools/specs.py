@@ -51,12 +51,12 @@ class PatchSpec:
 
     @classmethod
     def parse(cls, spec: str) -> PatchSpec:
-        first, *accelerators = spec.split("+")
-        if first in ACCELERATORS:
-            first, accelerators = "none", [first, *accelerators]
-        unknown = [a for a in accelerators if a not in ACCELERATORS]
-        if unknown:
-            raise ValueError(f"configuration must look like {_FORMAT}; unknown accelerator(s) {', '.join(unknown)} in {spec!r}")
+        parts = spec.split("+")
+        accelerators = [p for p in parts if p in ACCELERATORS]
+        patches = [p for p in parts if p not in ACCELERATORS]  # in any order: auto+dbcache or dbcache+auto
+        if len(patches) > 1:
+            raise ValueError(f"configuration must look like {_FORMAT}; more than one method, or unknown accelerator(s), in {spec!r}")
+        first = patches[0] if patches else "none"
         if first == "none":
             return cls("none", accelerators=tuple(accelerators))
         parsed = cls._parse_patch(first, spec)

@@ -155,9 +155,9 @@ class ReferenceModel(torch.nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Predicted noise for images ``x`` (B, 3, H, W) or clips (B, 3, F, H, W) at timesteps ``t`` (0..999)."""
         context = self.context(labels)
-        t = t.expand(x.shape[0]) if t.ndim else t.repeat(x.shape[0])
-        if _is_unet(self.kind):
+        if _is_unet(self.kind):  # a 0-d timestep as a pipeline passes it (the UNet broadcasts it; DeepCache reads it)
             return self.denoiser(x, t, encoder_hidden_states=context).sample
+        t = t.expand(x.shape[0]) if t.ndim else t.repeat(x.shape[0])
         if self.is_video:
             return self.denoiser(hidden_states=x, timestep=t, encoder_hidden_states=context).sample
         pooled = self.pooled(labels)
