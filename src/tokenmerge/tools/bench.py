@@ -375,7 +375,7 @@ def run_bench(
         variants += [Variant(f"{s.name} (compiled)", _compiled(net, s, defaults)) for s in specs if s.method != "tomesd"]
         if any(s.method == "tomesd" for s in specs):
             log("--compile: tomesd is left out (its patched UNet does not trace: see tests/test_compile.py)")
-    if not steps and not compile:
+    else:
         variants = [Variant("vanilla", lambda inputs: _forward(net, inputs))]
         variants += [Variant(s.name, _patched(net, s, defaults)) for s in specs]
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-PIPELINE_ACCELERATORS = ("deepcache", "freeu", "slicing")
+PIPELINE_NAMES = {"deepcache": "DeepCache", "freeu": "FreeU", "slicing": "attention slicing"}  # as a table names them
+PIPELINE_ACCELERATORS = tuple(PIPELINE_NAMES)
 
 
 def latent_pipeline(unet: torch.nn.Module) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 from .. import apply_patch, remove_patch
 from ..config import OPTION_NAMES, TokenMergeConfig, ignored_by
 from .caches import CACHES, NAMES, Clock, enable_cache
-from .pipelines import PIPELINE_ACCELERATORS
+from .pipelines import PIPELINE_ACCELERATORS, PIPELINE_NAMES
 
 SPEC_METHODS = ("tome", "todo", "auto", "tomesd")  # "none": accelerators alone
 ACCELERATORS = (*PIPELINE_ACCELERATORS, *CACHES)
@@ -97,9 +97,7 @@ class PatchSpec:
 
     @property
     def name(self) -> str:
-        accelerators = [
-            ({"deepcache": "DeepCache", "freeu": "FreeU", "slicing": "attention slicing"} | NAMES)[a] for a in self.accelerators
-        ]
+        accelerators = [(PIPELINE_NAMES | NAMES)[a] for a in self.accelerators]
         if self.method == "none":
             return " + ".join(accelerators)
         if self.method == "tomesd":

@@ -229,13 +229,18 @@ def load_reference(path: str | Path) -> ReferenceModel:
     return model.eval()
 
 
-def ddim_timesteps(steps: int) -> tuple[int, ...]:
-    """The timesteps :func:`sample` runs, high noise first."""
+def _ddim(steps: int) -> Any:
+    """The DDIM scheduler :func:`sample` runs, set to ``steps`` steps."""
     from diffusers import DDIMScheduler
 
     scheduler = DDIMScheduler(**scheduler_config(), clip_sample=True)
     scheduler.set_timesteps(steps)
-    return tuple(int(t) for t in scheduler.timesteps)
+    return scheduler
+
+
+def ddim_timesteps(steps: int) -> tuple[int, ...]:
+    """The timesteps :func:`sample` runs, high noise first."""
+    return tuple(int(t) for t in _ddim(steps).timesteps)
 
 
 @torch.no_grad()
@@ -247,12 +252,9 @@ def sample(
     The same ``noise`` starts the same trajectory for every variant compared. Clips: ``noise`` (B, 3, F, H, W).
     Each model call runs in the cache context diffusers' step caches need; ``clock`` (:class:`tokenmerge.tools.caches.
     Clock`) is told each step's timestep, for the caches that read it."""
-    from diffusers import DDIMScheduler
-
     from ..caches import end_loop, step_context
 
-    scheduler = DDIMScheduler(**scheduler_config(), clip_sample=True)
-    scheduler.set_timesteps(steps)
+    scheduler = _ddim(steps)
     x = noise.clone()
     both = torch.cat([labels, torch.full_like(labels, model.null_class)])
     try:
