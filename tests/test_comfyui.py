@@ -127,6 +127,7 @@ def test_node_declares_its_inputs():
         "method",
         "kv_factor",
         "kv_interpolation",
+        "max_noise",
     }
     assert inputs["method"][0] == ["tome", "todo", "auto"]  # choices, not free text
 

@@ -61,6 +61,9 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
         comfy_dits.sample(chained, name)
         seen_chained = list(counter.calls)
         counter.calls.clear()
+        comfy_dits.sample(node.patch(other, method="todo", kv_factor=2, max_noise=0.95)[0], name)
+        seen_scheduled = list(counter.calls)  # step 1 at pure noise, step 2 at about half
+        counter.calls.clear()
         after = comfy_dits.sample(other, name)  # the MODEL the node was given: untouched
         report["models"][name] = {
             "plain_equal": bool(torch.equal(plain, vanilla)),
@@ -72,6 +75,7 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
             "calls_plain": seen_plain,
             "calls_todo": seen_todo,
             "calls_chained": seen_chained,
+            "calls_scheduled": seen_scheduled,
             "seeded": seeded,
         }
     report["threads_equal"] = _threads(comfy_dits, node)
@@ -188,6 +192,14 @@ def test_image_keys_are_reduced_as_configured_through_the_chained_override(repor
         image = next(n for n in (3072, 768, 256) if n <= k)  # the call's image tokens: the grid at a 32x32 latent
         assert r == k - image + image // 4, (q, k, r)  # kv_factor 2: a quarter of the image keys, every other key
         assert c == k - image + image // 16, (q, k, c)  # the chained node's kv_factor 4 replaced it
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_max_noise_leaves_the_noisy_step_whole_through_comfyuis_model_sampling(report, name):
+    found = report["models"][name]
+    plain, todo, scheduled = found["calls_plain"], found["calls_todo"], found["calls_scheduled"]
+    half = len(plain) // 2  # two sampler steps, one model call each
+    assert scheduled[:half] == plain[:half] and scheduled[half:] == todo[half:] != plain[half:]
 
 
 def test_concurrent_calls_of_one_patched_model_each_get_their_own_grid(report):

@@ -108,6 +108,13 @@ class TokenMergeConfig:
     - reuse_steps: reuse a block's matching for this many consecutive denoising steps (ToMe; 1 = match at
       every step, as tomesd). Steps are counted per thread by changes of the timestep.
     - match_dtype: dtype of the similarity matmul (``None`` = the tokens' dtype, as tomesd).
+    - max_noise: reduce only in the denoising steps whose noise level is at most this (the timestep as a fraction
+      of the model's range: 1 = pure noise, 0 = clean); the noisier steps run unchanged. ``None`` (default) = 1:
+      every step, as tomesd. A reduction in the high-noise steps moves the whole image's layout, one in the
+      low-noise steps only its detail: on the reference models ``auto`` with ``max_noise=0.4`` keeps more than
+      ToMe r=0.5 at its 1024 px strength (docs/quality.md#a-noise-schedule-max_noise). Read once per call (one
+      host read of the timestep); under ``torch.compile`` of the whole denoiser it cannot be read and every step is
+      reduced (compile the blocks, ``compile_repeated_blocks``, to keep it).
     """
 
     ratio: float = 0.5
@@ -128,6 +135,7 @@ class TokenMergeConfig:
     share_plan: bool = False
     reuse_steps: int = 1
     match_dtype: str | None = None
+    max_noise: float | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -138,6 +146,11 @@ class TokenMergeConfig:
             raise ValueError(f"ratio must be a number in [0, 1), got {self.ratio!r}")
         put("ratio", ratio)
         put("kv_factor", _as_factor(self.kv_factor))
+        if self.max_noise is not None:
+            noise = _as_real("max_noise", self.max_noise, "None or a number in (0, 1]")
+            if math.isnan(noise) or not 0 < noise <= 1:
+                raise ValueError(f"max_noise must be None or a number in (0, 1], got {self.max_noise!r}")
+            put("max_noise", noise)
         for name in ("sx", "sy", "st", "reuse_steps", "auto_max_keys", "auto_min_tokens"):
             value = _as_int(name, getattr(self, name), "an int >= 1")
             if value < 1:
@@ -163,6 +176,11 @@ class TokenMergeConfig:
         transformer (``merge_mlp=None`` is on in transformers only)."""
         value = getattr(self, option)
         return transformer if value is None else value
+
+    @property
+    def noise_limit(self) -> float:
+        """The highest noise level at which blocks are reduced (``max_noise``; 1 = every step)."""
+        return 1.0 if self.max_noise is None else self.max_noise
 
     @property
     def max_ratio(self) -> float:

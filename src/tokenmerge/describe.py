@@ -41,6 +41,8 @@ class DenoiserDescription:
         header = (
             f"{self.name} ({self.family}): {len(self.patched_blocks)} of {len(self.blocks)} blocks patched, method={self.config.method}"
         )
+        if self.config.noise_limit < 1 and not self.config.is_identity:
+            header += f", in the steps at noise level <= {self.config.noise_limit:g} (1 = pure noise; the others run unchanged)"
         return "\n".join([header, *map(str, self.blocks)])
 
 

@@ -97,6 +97,21 @@ def auto_kv_factors(grid: TokenGrid, max_keys: int, min_tokens: int) -> tuple[in
     return (1,) * (grid.rank - 3) + (2, f, f)
 
 
+# A timestep the pipeline passed in bfloat16 (t / 1000 = 0.4 is 0.40039) still counts as its step: half of
+# bfloat16's spacing near 1.
+NOISE_TOLERANCE = 2**-9
+
+
+def noise_level(timestep: torch.Tensor, scale: tuple[float, float]) -> float:
+    """The noise level of a call, 1 = pure noise and 0 = clean, from its ``timestep`` and the family's ``scale``
+    (the timestep's value at pure noise and when clean: (1000, 0) for most models, (1, 0) where the pipeline divides
+    by 1000, (0, 1) where it counts from noise to clean). The noisiest of the call's entries decides (a per-token
+    timestep marks a clean condition frame with 0; the sample's step is the largest). One host read."""
+    noisy, clean = scale
+    extreme = timestep.detach().max() if noisy > clean else timestep.detach().min()
+    return (float(extreme) - clean) / (noisy - clean)
+
+
 def kv_factors_for(config: TokenMergeConfig, grid: TokenGrid) -> tuple[int, ...]:
     """The key/value downsampling factor per axis of a block on ``grid`` (all 1 = leave it alone)."""
     if config.method == "auto":
@@ -150,12 +165,16 @@ def decide(
     grid: TokenGrid | None,
     make_plan: Callable[[], MergePlan | None],
     whole: TokenGrid | None = None,
+    noise: float | None = None,
 ) -> BlockAction:
-    """The block's action: nothing (identity options, a level not patched, no grid), a key/value factor
-    (todo/auto) or a merge plan (tome, from ``make_plan``, which may come from a cache). ``whole``: under sequence
-    parallelism, the whole grid ``grid`` is one rank's part of; key/value factors are chosen on it, so that every
-    rank and a single process choose the same."""
+    """The block's action: nothing (identity options, a level not patched, no grid, a step noisier than
+    ``max_noise``), a key/value factor (todo/auto) or a merge plan (tome, from ``make_plan``, which may come from a
+    cache). ``whole``: under sequence parallelism, the whole grid ``grid`` is one rank's part of; key/value factors
+    are chosen on it, so that every rank and a single process choose the same. ``noise``: the call's noise level
+    (:func:`noise_level`; None where it is not read)."""
     if config.is_identity or grid is None or not config.merges_level(level, top_level):
+        return IDLE
+    if noise is not None and noise > config.noise_limit + NOISE_TOLERANCE:
         return IDLE
     if config.method != "tome":
         factors = kv_factors_for(config, whole or grid)

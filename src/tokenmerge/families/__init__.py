@@ -89,6 +89,7 @@ class Family:
     kind: str = "transformer"  # "unet" or "transformer"
     members: tuple[str, ...] = field(default=())  # extra names for the matrix (ControlNets, ...)
     comfy: ComfyModel | None = None  # ComfyUI's implementation of the family, where the node reaches it
+    timesteps: tuple[float, float] = (1000.0, 0.0)  # the timestep argument at pure noise and when clean (max_noise)
 
 
 def _load() -> dict[str, Family]:

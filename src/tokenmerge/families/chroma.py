@@ -99,6 +99,7 @@ SMALL = {
 FAMILY = Family(
     name="chroma",
     title="Chroma",
+    timesteps=(1.0, 0.0),  # the pipeline passes timestep / 1000
     classes=("ChromaTransformer2DModel",),
     layout=layout,
     pipelines=("ChromaPipeline", "ChromaImg2ImgPipeline", "ChromaInpaintPipeline"),

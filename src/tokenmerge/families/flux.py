@@ -85,6 +85,7 @@ SMALL = {
 FAMILY = Family(
     name="flux",
     title="Flux.1",
+    timesteps=(1.0, 0.0),  # the pipeline passes timestep / 1000
     classes=("FluxTransformer2DModel", "FluxControlNetModel", "FluxMultiControlNetModel"),
     layout=layout,
     pipelines=("FluxPipeline", "FluxKontextPipeline", "FluxControlNetPipeline", "FluxImg2ImgPipeline", "FluxFillPipeline"),

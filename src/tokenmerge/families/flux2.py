@@ -113,6 +113,7 @@ SMALL = {
 FAMILY = Family(
     name="flux2",
     title="Flux.2",
+    timesteps=(1.0, 0.0),  # the pipeline passes timestep / 1000
     classes=("Flux2Transformer2DModel",),
     layout=layout,
     pipelines=("Flux2Pipeline", "Flux2KleinPipeline"),

@@ -136,6 +136,7 @@ SMALL = {
 FAMILY = Family(
     name="flux3",
     title="Flux.3",
+    timesteps=(1.0, 0.0),  # the modular pipeline passes timestep / 1000
     classes=("Flux3Transformer2DModel",),
     layout=layout,
     pipelines=(),  # diffusers 0.42.1 runs Flux.3 through its modular pipeline only (modular_pipelines/flux3)

@@ -163,6 +163,7 @@ SMALL = {
 FAMILY = Family(
     name="lumina2",
     title="Lumina-Image 2.0",
+    timesteps=(0.0, 1.0),  # the pipeline passes 1 - t / 1000: 0 is pure noise
     classes=("Lumina2Transformer2DModel",),
     layout=layout,
     pipelines=("Lumina2Pipeline",),

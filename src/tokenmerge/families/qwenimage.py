@@ -181,6 +181,7 @@ TEXT_TOKENS = 128
 FAMILY = Family(
     name="qwen-image",
     title="Qwen-Image",
+    timesteps=(1.0, 0.0),  # the pipeline passes timestep / 1000
     classes=("QwenImageTransformer2DModel", "QwenImageControlNetModel", "QwenImageMultiControlNetModel"),
     layout=layout,
     pipelines=(

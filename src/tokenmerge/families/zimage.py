@@ -174,6 +174,7 @@ SMALL = {
 FAMILY = Family(
     name="z-image",
     title="Z-Image",
+    timesteps=(0.0, 1.0),  # the pipeline passes (1000 - t) / 1000: 0 is pure noise
     classes=("ZImageTransformer2DModel",),
     layout=layout,
     pipelines=(

@@ -11,8 +11,9 @@ import torch
 
 from ..algorithms import MergePlan, TokenGrid, TokenLayout, shard_layout
 from ..config import TokenMergeConfig
+from ..families import get as get_family
 from ..families.base import Declined
-from ..planning import IDLE, decide, kv_factors_for, merge_count, plan_merge
+from ..planning import IDLE, decide, kv_factors_for, merge_count, noise_level, plan_merge
 from . import dispatch
 from .parallel import ContextSplit, context_split
 from .state import BlockCall, BlockWarnings, CallState, PatchState, in_backward
@@ -47,6 +48,7 @@ class BeginCall:
     def __init__(self, patch: PatchState) -> None:
         self.patch = patch
         self.timestep = patch.layout.timestep_reader()
+        self.scale = get_family(patch.layout.family).timesteps
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         patch = self.patch
@@ -54,7 +56,8 @@ class BeginCall:
         if not torch.compiler.is_compiling() and in_backward():
             # A checkpointed denoiser recomputed in backward: replay the decisions of its forward call.
             recorded = patch.recorded(x) if isinstance(x, torch.Tensor) else None
-            call = recorded or CallState(patch.config, self._timestep(args, kwargs), -1)
+            t = self._timestep(args, kwargs)
+            call = recorded or CallState(patch.config, t, -1, noise=self._noise(t, patch.config))
             call.recomputing = True
             patch.push(call)
             return
@@ -69,12 +72,23 @@ class BeginCall:
                 cache.step += 1
                 cache.last_timestep = value
             step = cache.step
-        call = CallState(config, t, step, split=context_split(patch.layout.root))
+        call = CallState(config, t, step, split=context_split(patch.layout.root), noise=self._noise(t, config))
         if patch.routes_dispatch and not torch.compiler.is_compiling():
             dispatch.ensure_wrapped()  # once per call: backends registered (cache-dit) after the patch get the route too
         patch.push(call)
         if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and not torch.compiler.is_compiling():
             patch.record(x, call)
+
+    def _noise(self, t: torch.Tensor | None, config: TokenMergeConfig) -> float | None:
+        """The call's noise level where ``max_noise`` needs it (one host read; not inside a compiled graph)."""
+        if config.noise_limit >= 1 or config.is_identity or torch.compiler.is_compiling():
+            return None
+        if t is None:
+            self.patch.notice(
+                "noise", f"its call has no timestep to read, so max_noise={config.noise_limit:g} cannot act: every step is reduced"
+            )
+            return None
+        return noise_level(t, self.scale)
 
     def _timestep(self, args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
         t = self.timestep(args, kwargs) if self.timestep is not None else None
@@ -226,6 +240,7 @@ class PlanBlock:
             grid=grid,
             make_plan=lambda: self._plan(image_tokens(x, stream), grid, call, info),
             whole=None if shard is None else shard.whole,
+            noise=call.noise,
         )
         if shard is not None and action.kv_grid is not None and call.config.kv_interpolation.startswith("nearest"):
             keep, counts = shard.kept(action.kv_factors, call.config.kv_interpolation, x.device)

@@ -70,6 +70,7 @@ class CallState:
     level_plans: dict[tuple, Any] = field(default_factory=dict)  # share_plan: one matching per level and call
     recomputing: bool = False
     split: Any = None  # hooks.parallel.ContextSplit: the context-parallel split this call runs under, if any
+    noise: float | None = None  # the call's noise level where max_noise needs it (planning.noise_level)
 
 
 class _Anchor(torch.autograd.Function):

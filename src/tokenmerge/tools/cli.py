@@ -157,12 +157,12 @@ def _eval(args: argparse.Namespace) -> int:
         configs = [PatchSpec.parse(spec) for spec in args.configs] if args.configs else default_configs(kind)
     except (ValueError, TypeError) as error:
         raise SystemExit(f"tokenmerge eval: error: --configs: {error}") from error
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     bar = progress_bar(len(seeds) * (len(configs) + 1), "eval")
     results, images = run_eval(configs, seeds, sampler, sampler.target, progress=(lambda: bar.update(1)) if bar else (lambda: None))
     if bar:
         bar.close()
-    header = f"{sampler.describe()}, {args.steps} DDIM steps, CFG {args.guidance}, {len(seeds)} seeds, {torch.get_num_threads()} threads"
+    header = f"{sampler.describe()}, {args.steps} DDIM steps, CFG {args.guidance}, {len(seeds)} seeds{f' ({seeds[0]}-{seeds[-1]})' if args.first_seed else ''}, {torch.get_num_threads()} threads"
     print(format_results(results, header))
     extra: dict = {}
     if args.baseline:
@@ -183,7 +183,9 @@ def _eval(args: argparse.Namespace) -> int:
             print(structure_table(sampler))
     if args.json:
         frames = {"frames": sampler.frames} if getattr(sampler, "frames", 0) else {}
-        meta = dict(model=args.model or "unet", size=sampler.size, steps=args.steps, seeds=len(seeds), **frames, **extra)
+        meta = dict(
+            model=args.model or "unet", size=sampler.size, steps=args.steps, seeds=len(seeds), first_seed=args.first_seed, **frames, **extra
+        )
         Path(args.json).write_text(results_json(results, **meta))
     if args.grid:
         save_grid(images, args.grid)
@@ -355,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
         "auto; on the video model its spatial / temporal / joint comparison, evaluate.VIDEO_CONFIGS)",
     )
     ev.add_argument("--seeds", type=int, default=2, help="number of seeds (one image each); the README's tables use 8")
+    ev.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0): check a choice made on seeds 0..N-1 on others")
     ev.add_argument("--steps", type=int, default=20, help="DDIM steps")
     ev.add_argument(
         "--size",

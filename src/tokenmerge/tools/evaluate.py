@@ -326,6 +326,8 @@ def frontier_groups(results: list[Result]) -> dict[str, list[Result]]:
             group = "tokenmerge tome (ratio)"
         elif name.startswith("tokenmerge todo"):
             group = "tokenmerge todo (kv_factor)"
+        elif name.startswith("tokenmerge auto") and "max_noise=" in name:  # one line per budget, along max_noise
+            group = " ".join(w for w in name.split() if not w.startswith("max_noise=")) + " (max_noise)"
         elif name.startswith("tokenmerge auto"):
             group = "tokenmerge auto (budget)"
         elif name.startswith("tomesd"):

@@ -18,17 +18,22 @@ LATENT = "hidden_states"
 
 def flow_loop(model: torch.nn.Module, name: str, inputs: dict[str, Any], clock: Clock) -> torch.Tensor:
     """``clock.steps`` Euler steps of the flow ``x' = v(x, t)`` from the example's latent; returns the final latent.
-    The example's timestep (its family's scale at mid-noise) is scaled to each step's sigma."""
+    The example's timestep (its family's scale at mid-noise) is moved to each step's sigma on that scale (Lumina 2
+    and Z-Image count from noise to clean)."""
+    from ..families import family_of
+
     if LATENT not in inputs or "timestep" not in inputs:
         raise ValueError(f"--steps on a transformer needs its {LATENT} and timestep inputs; {name}'s example has {', '.join(inputs)}")
     x = inputs[LATENT].clone()
     mid = inputs["timestep"]
+    family = family_of(model)
+    clean = family.timesteps[1] if family is not None else 0.0
     sigmas = torch.linspace(1.0, 0.0, clock.steps + 1)
     try:
         for i in range(clock.steps):
             sigma, after = float(sigmas[i]), float(sigmas[i + 1])
             clock.timestep = sigma * 1000.0
-            timestep = (mid.float() * (sigma / 0.5)).to(mid.dtype)
+            timestep = (clean + (mid.float() - clean) * (sigma / 0.5)).to(mid.dtype)
             with torch.inference_mode(), step_context(model):
                 velocity = transformer_output(name, model(**{**inputs, LATENT: x, "timestep": timestep}))
             if velocity.shape != x.shape:

@@ -1,0 +1,132 @@
+"""``max_noise``: a reduction only in the low-noise steps, read from each family's timestep scale (and ComfyUI's
+model sampling)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tokenmerge
+from tokenmerge.config import TokenMergeConfig
+from tokenmerge.planning import IDLE, decide, noise_level
+from tokenmerge.tools.architectures import build_model, transformer_inputs
+
+from conftest import AttentionCalls, sd_inputs
+
+
+def test_max_noise_default_is_every_step_and_its_checks():
+    for method in ("tome", "todo", "auto"):
+        assert TokenMergeConfig(method=method).noise_limit == 1.0  # tomesd's behaviour: every step
+    assert TokenMergeConfig(method="auto", max_noise=0.4).noise_limit == 0.4
+    for bad in (0, -0.1, 1.5, float("nan"), "half", True):
+        with pytest.raises((ValueError, TypeError), match="max_noise must be None or a number in \\(0, 1\\]"):
+            TokenMergeConfig(max_noise=bad)
+
+
+def test_decide_leaves_steps_noisier_than_the_limit_alone():
+    from tokenmerge.algorithms import TokenGrid
+
+    config, grid = TokenMergeConfig(method="todo", max_noise=0.5), TokenGrid((32, 32))
+    kw = dict(level=1, top_level=1, grid=grid, make_plan=lambda: None)
+    assert decide(config, **kw, noise=0.51) is IDLE
+    assert decide(config, **kw, noise=0.5).kv_factors == (2, 2)
+    assert decide(config, **kw, noise=None).kv_factors == (2, 2)  # not read: every step
+
+
+def test_noise_level_reads_each_scale_and_the_noisiest_entry():
+    assert noise_level(torch.tensor(750), (1000.0, 0.0)) == 0.75
+    assert noise_level(torch.tensor([0.25, 0.5]), (1.0, 0.0)) == 0.5
+    assert noise_level(torch.tensor([0.9]), (0.0, 1.0)) == pytest.approx(0.1)  # Lumina 2 / Z-Image count from noise to clean
+    per_token = torch.full((1, 8), 300.0)
+    per_token[:, :4] = 0.0  # a clean condition frame (Wan 2.2 TI2V): the sample's step is the largest
+    assert noise_level(per_token, (1000.0, 0.0)) == 0.3
+
+
+def _keys(model, inputs):
+    with torch.no_grad(), AttentionCalls() as calls:
+        model(**inputs)
+    return [k.shape[-2] for _, k, _ in calls.calls]
+
+
+def test_auto_reduces_a_unet_only_at_low_noise(sd15_small):
+    inputs = sd_inputs(sd15_small, 16, 16)
+    vanilla = _keys(sd15_small, inputs)
+    with tokenmerge.patched(sd15_small, method="todo", kv_factor=2, max_noise=0.5):
+        noisy = _keys(sd15_small, {**inputs, "timestep": torch.tensor(510)})
+        clean = _keys(sd15_small, {**inputs, "timestep": torch.tensor(500)})
+        with torch.no_grad():
+            out = sd15_small(**{**inputs, "timestep": torch.tensor(900)}).sample
+    with torch.no_grad():
+        ref = sd15_small(**{**inputs, "timestep": torch.tensor(900)}).sample
+    assert noisy == vanilla and torch.equal(out, ref)  # a noisier step runs unchanged, bit for bit
+    assert sum(clean) < sum(vanilla)
+
+
+@pytest.mark.parametrize(("name", "noisy", "clean"), [("flux", 0.8, 0.2), ("lumina2", 0.2, 0.8), ("sd3", 800.0, 200.0)])
+def test_each_family_reads_its_own_timestep_scale(name, noisy, clean):
+    model = build_model(name, small=True)
+    inputs = transformer_inputs(model, name, 8, 8, batch=1, seed=0, text_tokens=5)
+    key = next(k for k in ("timestep", "timesteps", "t") if k in inputs)
+    at = lambda t: {**inputs, key: torch.full_like(inputs[key], t)}  # noqa: E731
+    vanilla = _keys(model, at(noisy))
+    with tokenmerge.patched(model, method="todo", kv_factor=2, max_noise=0.5):
+        assert _keys(model, at(noisy)) == vanilla
+        assert sum(_keys(model, at(clean))) < sum(vanilla)
+
+
+def test_a_denoiser_without_a_timestep_says_max_noise_cannot_act(sd15_small, monkeypatch):
+    from tokenmerge.hooks import calls
+
+    monkeypatch.setattr(calls.BeginCall, "_timestep", lambda self, args, kwargs: None)
+    inputs = sd_inputs(sd15_small, 16, 16)
+    vanilla = _keys(sd15_small, inputs)
+    with tokenmerge.patched(sd15_small, method="todo", kv_factor=2, max_noise=0.5):
+        with pytest.warns(UserWarning, match="max_noise=0.5 cannot act: every step is reduced"):
+            reduced = _keys(sd15_small, inputs)
+    assert sum(reduced) < sum(vanilla)
+
+
+def test_comfyuis_noise_level_from_its_model_sampling():
+    sampling = pytest.importorskip("comfy.model_sampling")
+
+    class Eps(sampling.ModelSamplingDiscrete, sampling.EPS):
+        pass
+
+    class Flow(sampling.ModelSamplingDiscreteFlow, sampling.CONST):
+        pass
+
+    from tokenmerge.integrations.comfyui import comfy_noise
+
+    eps = Eps()
+    assert comfy_noise(eps, eps.sigma_max.reshape(1)) == pytest.approx(1.0)
+    assert comfy_noise(eps, eps.sigma(torch.tensor([499.5]))) == pytest.approx(0.5, abs=1e-3)
+    flow = Flow()
+    assert comfy_noise(flow, torch.tensor([0.3])) == pytest.approx(0.3)
+    assert comfy_noise(None, torch.tensor([0.3])) is None
+
+
+def test_the_comfyui_unet_node_reduces_only_the_low_noise_steps():
+    pytest.importorskip("comfy.model_sampling")
+    from tokenmerge.integrations.comfyui import TokenMergeNode
+    from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
+
+    unet = build_comfy_patcher("sd15-small")
+    x = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    context = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1))
+    patched = TokenMergeNode().patch(unet, method="todo", kv_factor=2, max_noise=0.5)[0]
+    noisy, clean = 10.0, 0.3  # SD's sigmas: noise levels about 0.9 and 0.2
+    assert torch.equal(comfy_run(patched, x, noisy, context), comfy_run(unet, x, noisy, context))
+    assert not torch.equal(comfy_run(patched, x, clean, context), comfy_run(unet, x, clean, context))
+    default = TokenMergeNode().patch(unet, method="todo", kv_factor=2)[0]  # the widget's 0: every step
+    assert not torch.equal(comfy_run(default, x, noisy, context), comfy_run(unet, x, noisy, context))
+
+
+def test_describe_and_the_frontier_name_the_schedule(sd15_small):
+    from tokenmerge.tools.evaluate import Result, frontier_groups
+    from tokenmerge.tools.specs import PatchSpec
+
+    with tokenmerge.patched(sd15_small, method="auto", max_noise=0.4):
+        assert "in the steps at noise level <= 0.4" in str(tokenmerge.describe(sd15_small))
+    names = [PatchSpec.parse(f"auto,auto_max_keys=128,max_noise={n}").name for n in (1, 0.4)]
+    groups = frontier_groups([Result(names[0], speedup=1.5), Result(names[1], speedup=1.2), Result("tokenmerge r=0.5")])
+    assert [r.name for r in groups["tokenmerge auto auto_max_keys=128 (max_noise)"]] == names[::-1]
