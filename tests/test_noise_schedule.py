@@ -130,3 +130,26 @@ def test_describe_and_the_frontier_name_the_schedule(sd15_small):
     names = [PatchSpec.parse(f"auto,auto_max_keys=128,max_noise={n}").name for n in (1, 0.4)]
     groups = frontier_groups([Result(names[0], speedup=1.5), Result(names[1], speedup=1.2), Result("tokenmerge r=0.5")])
     assert [r.name for r in groups["tokenmerge auto auto_max_keys=128 (max_noise)"]] == names[::-1]
+
+
+def test_auto_max_factor_caps_the_budgets_factor_on_images_and_videos():
+    from tokenmerge.algorithms import TokenGrid
+    from tokenmerge.planning import auto_kv_factor, auto_kv_factors
+
+    assert auto_kv_factor(256 * 256, 512, 1024) == 12  # SD 1.5 at 2048 px, the budget alone
+    assert auto_kv_factor(256 * 256, 512, 1024, 3) == 3
+    assert auto_kv_factor(64 * 64, 512, 1024, 3) == 3 and auto_kv_factor(32 * 32, 512, 1024, 3) == 1
+    assert auto_kv_factors(TokenGrid((21, 45, 80)), 512, 1024, 2) == (2, 2, 2)  # Wan 720p: 2x3x3 uncapped
+    for bad in (1, 0, 2.5, "3"):
+        with pytest.raises((ValueError, TypeError), match="auto_max_factor must be None or an int >= 2"):
+            TokenMergeConfig(method="auto", auto_max_factor=bad)
+    with pytest.warns(UserWarning, match="does not use auto_max_factor=3"):
+        TokenMergeConfig(method="tome", auto_max_factor=3).warn_if_ignored()
+
+
+def test_the_quality_first_auto_caps_and_schedules_a_unet(sd15_small):
+    inputs = sd_inputs(sd15_small, 24, 24)  # 576 top-level tokens: this budget alone would pick factor 9
+    with tokenmerge.patched(sd15_small, method="auto", auto_max_keys=8, auto_min_tokens=64, auto_max_factor=3, max_noise=0.4):
+        assert "keys/values 576 -> 64 (factor 3" in str(tokenmerge.describe(sd15_small, grid=(24, 24)))
+        low = _keys(sd15_small, {**inputs, "timestep": torch.tensor(300)})
+    assert 64 in low  # 8x8 keys of the capped factor 3

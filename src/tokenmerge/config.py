@@ -103,6 +103,9 @@ class TokenMergeConfig:
       from its token grid: see :func:`tokenmerge.planning.auto_kv_factors`).
     - auto_max_keys, auto_min_tokens: method auto's key budget per self-attention (per frame on a video; lower is faster and
       coarser) and the grid size up to which a block is left alone.
+    - auto_max_factor: method auto's largest factor per side (``None``: no cap, the budget alone decides). 3 with
+      ``max_noise=0.4`` keeps ToMe r=0.5's quality at 2048 px strengths on the reference models, where the budget's
+      own factors (6 on Flux, 12 on SD 1.5) lose it.
     - share_plan: one matching per level and call, computed in the level's first block and reused by the
       others (ToMe; changes the result, saves the matching of every other block).
     - reuse_steps: reuse a block's matching for this many consecutive denoising steps (ToMe; 1 = match at
@@ -132,6 +135,7 @@ class TokenMergeConfig:
     kv_interpolation: str = "nearest-exact"
     auto_max_keys: int = 512
     auto_min_tokens: int = 1024
+    auto_max_factor: int | None = None
     share_plan: bool = False
     reuse_steps: int = 1
     match_dtype: str | None = None
@@ -146,6 +150,11 @@ class TokenMergeConfig:
             raise ValueError(f"ratio must be a number in [0, 1), got {self.ratio!r}")
         put("ratio", ratio)
         put("kv_factor", _as_factor(self.kv_factor))
+        if self.auto_max_factor is not None:
+            cap = _as_int("auto_max_factor", self.auto_max_factor, "None or an int >= 2")
+            if cap < 2:
+                raise ValueError(f"auto_max_factor must be None or an int >= 2, got {cap!r}")
+            put("auto_max_factor", cap)
         if self.max_noise is not None:
             noise = _as_real("max_noise", self.max_noise, "None or a number in (0, 1]")
             if math.isnan(noise) or not 0 < noise <= 1:
@@ -238,7 +247,7 @@ class TokenMergeConfig:
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TokenMergeConfig))
 # Options only one kind of method reads: ToMe's matching, token downsampling's factor and interpolation, auto's budget.
 _TOME_ONLY = ("ratio", "sx", "sy", "st", "use_rand", "merge_crossattn", "merge_mlp", "seed", "share_plan", "reuse_steps", "match_dtype")
-_AUTO_ONLY = ("auto_max_keys", "auto_min_tokens")
+_AUTO_ONLY = ("auto_max_keys", "auto_min_tokens", "auto_max_factor")
 
 
 def ignored_by(method: str) -> tuple[str, ...]:

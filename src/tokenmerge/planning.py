@@ -66,20 +66,22 @@ def block_key(*identity: int) -> int:
     return hash_ints(_BLOCK_SALT, *identity)
 
 
-def auto_kv_factor(tokens: int, max_keys: int, min_tokens: int) -> int:
+def auto_kv_factor(tokens: int, max_keys: int, min_tokens: int, max_factor: int | None = None) -> int:
     """method="auto": the key/value downsampling factor of a block with ``tokens`` image tokens.
 
     Grids of at most ``min_tokens`` tokens are left alone (factor 1): there attention is cheap next to
     the block's projections and MLP, and downsampling does not pay. Larger grids get the smallest integer
     factor f >= 2 with tokens / f**2 <= max_keys, so attention cost stays about linear in the token count.
-    Integer (not power-of-two) factors keep the key count near the budget at every resolution.
+    Integer (not power-of-two) factors keep the key count near the budget at every resolution; ``max_factor``
+    caps them (quality at large sizes).
     """
     if tokens <= min_tokens:
         return 1
-    return max(2, math.ceil(math.sqrt(tokens / max_keys)))
+    factor = max(2, math.ceil(math.sqrt(tokens / max_keys)))
+    return factor if max_factor is None else min(factor, max_factor)
 
 
-def auto_kv_factors(grid: TokenGrid, max_keys: int, min_tokens: int) -> tuple[int, ...]:
+def auto_kv_factors(grid: TokenGrid, max_keys: int, min_tokens: int, max_factor: int | None = None) -> tuple[int, ...]:
     """method="auto": the key/value factor per axis of ``grid``.
 
     An image (or a one-frame video) gets :func:`auto_kv_factor` on both sides. A video of more than
@@ -88,12 +90,12 @@ def auto_kv_factors(grid: TokenGrid, max_keys: int, min_tokens: int) -> tuple[in
     the key count grows with the frames, as the video's own detail does.
     """
     if grid.rank < 3 or grid.shape[0] == 1:
-        f = auto_kv_factor(grid.numel, max_keys, min_tokens)
+        f = auto_kv_factor(grid.numel, max_keys, min_tokens, max_factor)
         return grid.spatial(f, f)
     if grid.numel <= min_tokens:
         return (1,) * grid.rank
     frame = math.prod(grid.shape[-2:])
-    f = auto_kv_factor(frame, max_keys, min_tokens)
+    f = auto_kv_factor(frame, max_keys, min_tokens, max_factor)
     return (1,) * (grid.rank - 3) + (2, f, f)
 
 
@@ -115,7 +117,7 @@ def noise_level(timestep: torch.Tensor, scale: tuple[float, float]) -> float:
 def kv_factors_for(config: TokenMergeConfig, grid: TokenGrid) -> tuple[int, ...]:
     """The key/value downsampling factor per axis of a block on ``grid`` (all 1 = leave it alone)."""
     if config.method == "auto":
-        return auto_kv_factors(grid, config.auto_max_keys, config.auto_min_tokens)
+        return auto_kv_factors(grid, config.auto_max_keys, config.auto_min_tokens, config.auto_max_factor)
     return config.kv_factors(grid.rank)
 
 
