@@ -153,3 +153,12 @@ def test_the_quality_first_auto_caps_and_schedules_a_unet(sd15_small):
         assert "keys/values 576 -> 64 (factor 3" in str(tokenmerge.describe(sd15_small, grid=(24, 24)))
         low = _keys(sd15_small, {**inputs, "timestep": torch.tensor(300)})
     assert 64 in low  # 8x8 keys of the capped factor 3
+
+
+def test_an_unreadable_noise_level_is_said_even_after_another_warning():
+    from tokenmerge.integrations.comfyui import ComfyTokenMerge
+
+    patch = ComfyTokenMerge(TokenMergeConfig(method="todo", max_noise=0.5), 1, model_sampling=None)
+    patch._warned = True  # the grid warning of this patch fired already
+    with pytest.warns(UserWarning, match="max_noise=0.5 cannot act: every step is reduced"):
+        assert patch._noise({"sigmas": torch.tensor([1.0])}) is None

@@ -71,24 +71,6 @@ def top_attention_level(model_patcher: Any) -> int:
     return layout.top_level
 
 
-class SharedPatch:
-    """A patch object one patched MODEL and all its clones share: ``ModelPatcher.clone()`` deep-copies the model
-    options, and a deep copy is the object itself (immutable apart from per-thread call state in ``_local``),
-    which pickling leaves out."""
-
-    _local: threading.local
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_local"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
-
-    def __deepcopy__(self, memo: dict) -> SharedPatch:
-        return self
-
-
 def model_sampling_of(model_patcher: Any) -> Any:
     """The MODEL's ``model_sampling`` (a sampling node's object patch included), or None."""
     get = getattr(model_patcher, "get_model_object", None)
@@ -106,6 +88,38 @@ def comfy_noise(model_sampling: Any, sigma: Any) -> float | None:
         return None
     top = float(model_sampling.timestep(model_sampling.sigma_max))
     return float(model_sampling.timestep(sigma.detach().float()).max()) / top
+
+
+class SharedPatch:
+    """A patch object one patched MODEL and all its clones share: ``ModelPatcher.clone()`` deep-copies the model
+    options, and a deep copy is the object itself (immutable apart from per-thread call state in ``_local``),
+    which pickling leaves out."""
+
+    _local: threading.local
+    _noise_warned = False
+    config: TokenMergeConfig
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __deepcopy__(self, memo: dict) -> SharedPatch:
+        return self
+
+    def step_noise(self, model_sampling: Any, sigma: Any) -> float | None:
+        """:func:`comfy_noise` of a step; where it cannot be read, one warning per patch that ``max_noise`` cannot
+        act (its own flag: a warning about something else must not hide it)."""
+        noise = comfy_noise(model_sampling, sigma)
+        if noise is None and not self._noise_warned:
+            self._noise_warned = True
+            warnings.warn(
+                f"tokenmerge: this step's noise level cannot be read, so max_noise={self.config.noise_limit:g} cannot act: every step is reduced",
+                stacklevel=4,
+            )
+        return noise
 
 
 class ComfyTokenMerge(SharedPatch):
@@ -142,13 +156,7 @@ class ComfyTokenMerge(SharedPatch):
             return None
         state, sigmas = self._state, extra_options.get("sigmas")
         if sigmas is not state.sigmas:
-            state.sigmas, state.noise = sigmas, comfy_noise(self.model_sampling, sigmas)
-            if state.noise is None and not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"tokenmerge: this step's noise level cannot be read, so max_noise={self.config.noise_limit:g} cannot act: every step is reduced",
-                    stacklevel=3,
-                )
+            state.sigmas, state.noise = sigmas, self.step_noise(self.model_sampling, sigmas)
         return state.noise
 
     def _grid(self, n: torch.Tensor, extra_options: dict[str, Any]) -> tuple[TokenGrid | None, int]:

@@ -33,7 +33,7 @@ from ..algorithms.downsample import kept_columns
 from ..config import TokenMergeConfig
 from ..families import ComfyModel, comfy_model_of
 from ..planning import BlockAction, decide
-from .comfyui import SharedPatch, comfy_noise
+from .comfyui import SharedPatch
 
 OVERRIDE = "optimized_attention_override"
 WRAPPER_KEY = "tokenmerge"
@@ -81,12 +81,7 @@ class DitKeyValues(SharedPatch):
             noise = None
             if self.config.noise_limit < 1:
                 # the model's sampling as this sampler runs it (a shift node's object patch applied)
-                noise = comfy_noise(getattr(getattr(executor, "class_obj", None), "model_sampling", None), t)
-                if noise is None:
-                    self._warn(
-                        f"the step's noise level cannot be read, so max_noise={self.config.noise_limit:g} cannot act: every step is reduced",
-                        unchanged=False,
-                    )
+                noise = self.step_noise(getattr(getattr(executor, "class_obj", None), "model_sampling", None), t)
             call = DitCall(grid, text, decide(self.config, level=1, top_level=1, grid=grid, make_plan=lambda: None, noise=noise))
         stack.append(call)
         try:
@@ -147,10 +142,10 @@ class DitKeyValues(SharedPatch):
                 kwargs = {**kwargs, "mask": mask}
         return (q, reduce(k), reduce(v), *rest), kwargs
 
-    def _warn(self, message: str, unchanged: bool = True) -> None:
+    def _warn(self, message: str) -> None:
         if not self._warned:
             self._warned = True
-            warnings.warn(f"tokenmerge: {self.model.title}: {message}{'; such calls run unchanged' if unchanged else ''}", stacklevel=4)
+            warnings.warn(f"tokenmerge: {self.model.title}: {message}; such calls run unchanged", stacklevel=4)
 
 
 def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
