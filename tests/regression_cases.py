@@ -19,7 +19,8 @@ METHODS = {
     "tome": dict(ratio=0.5, seed=3),
     "tome_mlp": dict(ratio=0.5, merge_mlp=True, use_rand=False),
     "todo": dict(method="todo", kv_factor=2),
-    "auto": dict(method="auto", auto_max_keys=16, auto_min_tokens=16),
+    # recorded before auto had a default noise limit and factor cap (0.2.0: every step, no cap)
+    "auto": dict(method="auto", auto_max_keys=16, auto_min_tokens=16, max_noise=1, auto_max_factor=None),
 }
 MODELS = ("sd15", "sdxl", "ldm", "sd3", "sd35", "flux", "pixart")
 

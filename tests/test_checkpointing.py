@@ -21,7 +21,7 @@ OPTIONS = [
     dict(ratio=0.5, use_rand=False, merge_crossattn=True, merge_mlp=True),
     dict(ratio=0.5, share_plan=True),
     dict(method="todo", kv_factor=2),
-    dict(method="auto", auto_max_keys=64, auto_min_tokens=64),
+    dict(method="auto", auto_max_keys=64, auto_min_tokens=64, max_noise=1),
 ]
 # Two forwards before one backward: other timesteps, and (second case) another latent size.
 CALLS = {"same size": [(16, 16, 900), (16, 16, 500)], "different sizes": [(16, 16, 900), (24, 16, 500)]}

@@ -20,7 +20,7 @@ from conftest import sd_inputs
         dict(ratio=0.5),
         dict(ratio=0.5, use_rand=False, merge_crossattn=True, merge_mlp=True),
         dict(method="todo"),
-        dict(method="auto", auto_max_keys=16, auto_min_tokens=16),
+        dict(method="auto", auto_max_keys=16, auto_min_tokens=16, max_noise=1),
         dict(ratio=0.5, share_plan=True),
     ],
 )

@@ -20,7 +20,7 @@ import tokenmerge
 from tokenmerge.algorithms import TokenGrid, nearest_indices
 from tokenmerge.families import examples
 from tokenmerge.planning import kv_factors_for
-from tokenmerge.tools.architectures import build_model, transformer_inputs, transformer_output
+from tokenmerge.tools.architectures import at_noise, build_model, transformer_inputs, transformer_output
 
 from conftest import AttentionCalls
 
@@ -28,7 +28,7 @@ EXAMPLES = tuple(examples())
 METHODS = {
     "tome": dict(ratio=0.5),
     "todo": dict(method="todo", kv_factor=2),
-    "auto": dict(method="auto", auto_max_keys=16, auto_min_tokens=16),
+    "auto": dict(method="auto", auto_max_keys=16, auto_min_tokens=16, max_noise=1),  # the examples are at mid-noise
 }
 TEXT = 5
 LATENT = (18, 14)  # a 9x7 token grid: odd and not square
@@ -96,6 +96,20 @@ def test_identity_options_are_bit_identical_and_removal_leaves_nothing(name):
     assert torch.equal(run(name, inputs), vanilla)
     assert _hooks(model) == hooks and {id(m): set(vars(m)) for m in model.modules()} == attributes
     assert {id(m): type(getattr(m, "processor", None)) for m in model.modules()} == processors
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_autos_default_reduces_only_the_low_noise_steps(name):
+    """auto's default noise limit (0.4), read from each family's timestep scale: a step at noise 0.5 (the examples')
+    runs bit-identical to vanilla, one at 0.25 has its image keys reduced."""
+    model = model_of(name)
+    scale = tokenmerge.families.family_of(model).timesteps
+    mid, low = at_noise(inputs_of(name), scale, 0.5), at_noise(inputs_of(name), scale, 0.25)
+    vanilla_mid, vanilla_low = run(name, mid), attention_calls(name, low)
+    with tokenmerge.patched(model, method="auto", auto_max_keys=16, auto_min_tokens=16):
+        assert torch.equal(run(name, mid), vanilla_mid)
+        reduced = attention_calls(name, low)
+    assert any(k.shape[-2] < k0.shape[-2] for (_, k0, _), (_, k, _) in zip(vanilla_low, reduced))
 
 
 @pytest.mark.parametrize("name,references", _with_references())

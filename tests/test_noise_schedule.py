@@ -7,17 +7,19 @@ import pytest
 import torch
 
 import tokenmerge
-from tokenmerge.config import TokenMergeConfig
+from tokenmerge.config import AUTO_MAX_NOISE, TokenMergeConfig
 from tokenmerge.planning import IDLE, decide, noise_level
 from tokenmerge.tools.architectures import build_model, transformer_inputs
 
 from conftest import AttentionCalls, sd_inputs
 
 
-def test_max_noise_default_is_every_step_and_its_checks():
-    for method in ("tome", "todo", "auto"):
+def test_max_noise_default_is_the_methods_and_its_checks():
+    for method in ("tome", "todo"):
         assert TokenMergeConfig(method=method).noise_limit == 1.0  # tomesd's behaviour: every step
-    assert TokenMergeConfig(method="auto", max_noise=0.4).noise_limit == 0.4
+    assert TokenMergeConfig(method="auto").noise_limit == AUTO_MAX_NOISE == 0.4  # the quality-first auto
+    assert TokenMergeConfig(method="auto", max_noise=1).noise_limit == 1.0  # its speed-first setting
+    assert TokenMergeConfig(method="tome", max_noise=0.4).noise_limit == 0.4
     for bad in (0, -0.1, 1.5, float("nan"), "half", True):
         with pytest.raises((ValueError, TypeError), match="max_noise must be None or a number in \\(0, 1\\]"):
             TokenMergeConfig(max_noise=bad)
@@ -136,6 +138,7 @@ def test_auto_max_factor_caps_the_budgets_factor_on_images_and_videos():
     from tokenmerge.algorithms import TokenGrid
     from tokenmerge.planning import auto_kv_factor, auto_kv_factors
 
+    assert TokenMergeConfig().auto_max_factor == 3  # the default cap
     assert auto_kv_factor(256 * 256, 512, 1024) == 12  # SD 1.5 at 2048 px, the budget alone
     assert auto_kv_factor(256 * 256, 512, 1024, 3) == 3
     assert auto_kv_factor(64 * 64, 512, 1024, 3) == 3 and auto_kv_factor(32 * 32, 512, 1024, 3) == 1
@@ -143,16 +146,20 @@ def test_auto_max_factor_caps_the_budgets_factor_on_images_and_videos():
     for bad in (1, 0, 2.5, "3"):
         with pytest.raises((ValueError, TypeError), match="auto_max_factor must be None or an int >= 2"):
             TokenMergeConfig(method="auto", auto_max_factor=bad)
-    with pytest.warns(UserWarning, match="does not use auto_max_factor=3"):
-        TokenMergeConfig(method="tome", auto_max_factor=3).warn_if_ignored()
+    with pytest.warns(UserWarning, match="does not use auto_max_factor=None"):
+        TokenMergeConfig(method="tome", auto_max_factor=None).warn_if_ignored()
 
 
 def test_the_quality_first_auto_caps_and_schedules_a_unet(sd15_small):
     inputs = sd_inputs(sd15_small, 24, 24)  # 576 top-level tokens: this budget alone would pick factor 9
-    with tokenmerge.patched(sd15_small, method="auto", auto_max_keys=8, auto_min_tokens=64, auto_max_factor=3, max_noise=0.4):
+    vanilla = _keys(sd15_small, inputs)
+    with tokenmerge.patched(sd15_small, method="auto", auto_max_keys=8, auto_min_tokens=64):  # auto's defaults otherwise
         assert "keys/values 576 -> 64 (factor 3" in str(tokenmerge.describe(sd15_small, grid=(24, 24)))
-        low = _keys(sd15_small, {**inputs, "timestep": torch.tensor(300)})
+        assert "noise level <= 0.4" in str(tokenmerge.describe(sd15_small, grid=(24, 24)))
+        low = _keys(sd15_small, {**inputs, "timestep": torch.tensor(400)})
+        mid = _keys(sd15_small, {**inputs, "timestep": torch.tensor(500)})
     assert 64 in low  # 8x8 keys of the capped factor 3
+    assert mid == vanilla  # a mid-noise step runs whole
 
 
 def test_an_unreadable_noise_level_is_said_even_after_another_warning():

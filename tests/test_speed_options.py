@@ -40,7 +40,7 @@ def test_auto_downsamples_only_large_grids_on_every_level(sd15_small):
     inputs = sd_inputs(sd15_small, 32, 32)  # levels 1, 2, 4, 8: 1024, 256, 64 and 16 tokens
     with torch.no_grad():
         vanilla = sd15_small(**inputs).sample
-        tokenmerge.apply_patch(sd15_small, method="auto", auto_max_keys=64, auto_min_tokens=64)
+        tokenmerge.apply_patch(sd15_small, method="auto", auto_max_keys=64, auto_min_tokens=64, max_noise=1, auto_max_factor=None)
         try:
             with key_value_counts(sd15_small) as seen:
                 out = sd15_small(**inputs).sample
@@ -54,7 +54,7 @@ def test_auto_leaves_small_grids_bit_identical(sd15_small):
     inputs = sd_inputs(sd15_small, 8, 8)  # at most 64 tokens on every level
     with torch.no_grad():
         vanilla = sd15_small(**inputs).sample
-        tokenmerge.apply_patch(sd15_small, method="auto", auto_max_keys=64, auto_min_tokens=64)
+        tokenmerge.apply_patch(sd15_small, method="auto", auto_max_keys=64, auto_min_tokens=64, max_noise=1)
         try:
             assert torch.equal(sd15_small(**inputs).sample, vanilla)
         finally:
@@ -63,7 +63,9 @@ def test_auto_leaves_small_grids_bit_identical(sd15_small):
 
 def test_auto_respects_max_downsample(sd15_small):
     inputs = sd_inputs(sd15_small, 32, 32)
-    tokenmerge.apply_patch(sd15_small, method="auto", auto_max_keys=64, auto_min_tokens=64, max_downsample=1)
+    tokenmerge.apply_patch(
+        sd15_small, method="auto", auto_max_keys=64, auto_min_tokens=64, max_noise=1, auto_max_factor=None, max_downsample=1
+    )
     try:
         with torch.no_grad(), key_value_counts(sd15_small) as seen:
             sd15_small(**inputs)
@@ -151,7 +153,9 @@ def test_comfyui_node_auto_and_unsupported_options():
     x, context = torch.randn(2, 4, 16, 16, generator=g), torch.randn(2, 77, 32, generator=g)
     vanilla = comfy_run(patcher, x, context=context)
     auto = comfy_run(
-        patch_model(patcher, tokenmerge.TokenMergeConfig(method="auto", auto_max_keys=64, auto_min_tokens=64)), x, context=context
+        patch_model(patcher, tokenmerge.TokenMergeConfig(method="auto", auto_max_keys=64, auto_min_tokens=64, max_noise=1)),
+        x,
+        context=context,
     )
     assert 0 < max_rel_diff(auto, vanilla) < 0.5
 

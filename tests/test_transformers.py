@@ -169,7 +169,11 @@ def test_keyword_calls_batch_sizes_and_determinism(models, name):
 @pytest.mark.parametrize("name", ["sd3", "sd35", "pixart"])
 @pytest.mark.parametrize(
     "options",
-    [dict(ratio=0.5, merge_mlp=True), dict(method="todo", kv_factor=2), dict(method="auto", auto_max_keys=16, auto_min_tokens=16)],
+    [
+        dict(ratio=0.5, merge_mlp=True),
+        dict(method="todo", kv_factor=2),
+        dict(method="auto", auto_max_keys=16, auto_min_tokens=16, max_noise=1),
+    ],
 )
 def test_compiles_with_fullgraph(models, name, options):
     model = models[name]

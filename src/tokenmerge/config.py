@@ -19,6 +19,9 @@ from .algorithms.randomness import fold_seed
 METHODS = ("tome", "todo", "auto")
 MATCH_DTYPES = ("float32", "float16", "bfloat16")
 KV_INTERPOLATIONS = ("nearest-exact", "nearest", "bilinear", "bicubic", "area")
+# auto's max_noise when none is given: chosen on the reference models' frontier (seeds 0-7, checked on 100-107),
+# the highest level at which auto keeps ToMe r=0.5's quality on every yardstick (docs/quality.md).
+AUTO_MAX_NOISE = 0.4
 
 
 def _scalar(value: Any) -> Any:
@@ -103,21 +106,22 @@ class TokenMergeConfig:
       from its token grid: see :func:`tokenmerge.planning.auto_kv_factors`).
     - auto_max_keys, auto_min_tokens: method auto's key budget per self-attention (per frame on a video; lower is faster and
       coarser) and the grid size up to which a block is left alone.
-    - auto_max_factor: method auto's largest factor per side (``None``: no cap, the budget alone decides). 3 with
-      ``max_noise=0.4`` keeps ToMe r=0.5's quality at 2048 px strengths on the reference models, where the budget's
-      own factors (6 on Flux, 12 on SD 1.5) lose it.
+    - auto_max_factor: method auto's largest factor per side (default 3; ``None``: no cap, the budget alone
+      decides). With auto's ``max_noise`` it keeps ToMe r=0.5's quality at 2048 px strengths on the reference
+      models, where the budget's own factors (6 on Flux, 12 on SD 1.5) lose it.
     - share_plan: one matching per level and call, computed in the level's first block and reused by the
       others (ToMe; changes the result, saves the matching of every other block).
     - reuse_steps: reuse a block's matching for this many consecutive denoising steps (ToMe; 1 = match at
       every step, as tomesd). Steps are counted per thread by changes of the timestep.
     - match_dtype: dtype of the similarity matmul (``None`` = the tokens' dtype, as tomesd).
     - max_noise: reduce only in the denoising steps whose noise level is at most this (the timestep as a fraction
-      of the model's range: 1 = pure noise, 0 = clean); the noisier steps run unchanged. ``None`` (default) = 1:
-      every step, as tomesd. A reduction in the high-noise steps moves the whole image's layout, one in the
-      low-noise steps only its detail: on the reference models ``auto`` with ``max_noise=0.4`` keeps more than
-      ToMe r=0.5 at its 1024 px strength (docs/quality.md#a-noise-schedule-max_noise). Read once per call (one
-      host read of the timestep); under ``torch.compile`` of the whole denoiser it cannot be read and every step is
-      reduced (compile the blocks, ``compile_repeated_blocks``, to keep it).
+      of the model's range: 1 = pure noise, 0 = clean); the noisier steps run unchanged. ``None`` (default) is the
+      method's own: 0.4 for ``auto`` (:data:`AUTO_MAX_NOISE`), 1 (every step, as tomesd) for ``tome`` and ``todo``.
+      A reduction in the high-noise steps moves the whole image's layout, one in the low-noise steps only its
+      detail: on the reference models ``auto`` at 0.4 keeps more than ToMe r=0.5 on every yardstick, every step
+      loses to it (docs/quality.md#a-noise-schedule-max_noise); ``max_noise=1`` is auto's speed-first setting. Read
+      once per call (one host read of the timestep); under ``torch.compile`` of the whole denoiser it cannot be read
+      and every step is reduced (compile the blocks, ``compile_repeated_blocks``, to keep it).
     """
 
     ratio: float = 0.5
@@ -135,7 +139,7 @@ class TokenMergeConfig:
     kv_interpolation: str = "nearest-exact"
     auto_max_keys: int = 512
     auto_min_tokens: int = 1024
-    auto_max_factor: int | None = None
+    auto_max_factor: int | None = 3
     share_plan: bool = False
     reuse_steps: int = 1
     match_dtype: str | None = None
@@ -188,8 +192,11 @@ class TokenMergeConfig:
 
     @property
     def noise_limit(self) -> float:
-        """The highest noise level at which blocks are reduced (``max_noise``; 1 = every step)."""
-        return 1.0 if self.max_noise is None else self.max_noise
+        """The highest noise level at which blocks are reduced (``max_noise``, else the method's default; 1 = every
+        step)."""
+        if self.max_noise is not None:
+            return self.max_noise
+        return AUTO_MAX_NOISE if self.method == "auto" else 1.0
 
     @property
     def max_ratio(self) -> float:

@@ -139,6 +139,25 @@ def denoised(output: Any) -> torch.Tensor:
     return torch.stack(list(output)) if isinstance(output, list) else output
 
 
+# The noise level of a bench forward (1 = pure noise): a step every method's default reduces (auto's reduces the
+# steps at or below 0.4, the others every step), so one forward times a reduced step. Whole loops: ``--steps``.
+BENCH_NOISE = 0.25
+TIMESTEP_KEYS = ("timestep", "timesteps", "t")  # the names the families' examples use (Z-Image: t)
+
+
+def at_noise(inputs: dict[str, Any], scale: tuple[float, float], level: float) -> dict[str, Any]:
+    """``inputs`` with their timestep set to noise ``level`` (1 = pure noise) on the family's ``scale`` (its timestep
+    at pure noise and when clean); a per-token timestep's clean entries (a condition frame) stay clean."""
+    noisy, clean = scale
+    moved = dict(inputs)
+    for key in TIMESTEP_KEYS:
+        if key in inputs:
+            t = inputs[key]
+            at = torch.full_like(t, clean + (noisy - clean) * level, dtype=torch.float32)
+            moved[key] = torch.where(t == clean, t.float(), at).to(t.dtype)
+    return moved
+
+
 def build_unet(name: str, small: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A diffusers ``UNet2DConditionModel`` with the architecture of ``name`` and seeded random weights."""
     from diffusers import UNet2DConditionModel

@@ -29,8 +29,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import describe, patched
-from ..families import examples
-from .architectures import TRANSFORMERS, UNETS, VAE_FACTOR, build_model, denoised, transformer_inputs, unet_inputs
+from ..families import examples, family_of
+from .architectures import BENCH_NOISE, TRANSFORMERS, UNETS, VAE_FACTOR, at_noise, build_model, denoised, transformer_inputs, unet_inputs
 from .progress import progress_bar, wait_while_paused
 from .specs import PatchSpec, available
 
@@ -381,6 +381,8 @@ def run_bench(
 
     example = None if model in UNETS else examples()[model][1]
     keys = bench_sizes(example, sizes_px, frames)
+    family = family_of(net)
+    scale = family.timesteps if family is not None else (1000.0, 0.0)
 
     def make_inputs(size: Size) -> dict[str, Any]:
         if model in UNETS:
@@ -390,6 +392,8 @@ def run_bench(
             (height, width), latent_frames = latent_size(example, size)
             extra = {} if latent_frames is None else {"frames": latent_frames}
             inputs = transformer_inputs(net, model, height, width, batch=batch, seed=seed, text_tokens=8 if small else None, **extra)
+        if not steps:  # one forward times a low-noise step, which every method's default reduces
+            inputs = at_noise(inputs, scale, BENCH_NOISE)
         return {k: _to(v, net.device) for k, v in inputs.items()}
 
     return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in keys}, repeats, net.device, log)
@@ -451,7 +455,7 @@ def run_comfy_bench(
 
     ``attention``: ComfyUI's attention backend, chosen when its package is first imported (so once per
     process): ``default`` (on CPU, sub-quadratic attention) or ``pytorch`` (SDPA, ``--use-pytorch-cross-attention``)."""
-    from .comfy_models import CONFIGS, attention_backend, build_comfy_patcher, comfy_run, import_comfy
+    from .comfy_models import CONFIGS, attention_backend, build_comfy_patcher, comfy_run, import_comfy, sigma_at_noise
 
     import_comfy(attention)
     from comfy_extras.nodes_tomesd import TomePatchModel
@@ -467,8 +471,10 @@ def run_comfy_bench(
     ours = TokenMergeNode().patch(patcher, ratio=ratio, seed=seed)[0]
     auto = TokenMergeNode().patch(patcher, method="auto")[0]
 
+    sigma = sigma_at_noise(patcher.model.model_sampling, BENCH_NOISE)  # a low-noise step: every default reduces it
+
     def forward(p: Any) -> Callable[[dict[str, Any]], torch.Tensor]:
-        return lambda inputs: comfy_run(p, inputs["x"], context=inputs["context"])
+        return lambda inputs: comfy_run(p, inputs["x"], sigma=sigma, context=inputs["context"])
 
     variants = [
         Variant("vanilla", forward(patcher)),
@@ -515,12 +521,13 @@ def run_comfy_dit_bench(
     log(f"ComfyUI attention backend: {attention_backend()}")
     patcher = comfy_dits.build(model, blocks=blocks)
     tokens = TEXT_TOKENS[model]
-    variants = [Variant("vanilla", lambda inputs: comfy_dits.sample(patcher, model, 1, tokens=tokens, full=True, **inputs))]
+    step = dict(tokens=tokens, full=True, noise=BENCH_NOISE)  # one step from a low noise level, which every default reduces
+    variants = [Variant("vanilla", lambda inputs: comfy_dits.sample(patcher, model, 1, **step, **inputs))]
     for spec in specs:
         parsed = PatchSpec.parse(spec)
         patched = patch_model(patcher, TokenMergeConfig(**parsed.kwargs()))
         name = f"tokenmerge node {parsed.name.removeprefix('tokenmerge ')}"
-        variants.append(Variant(name, lambda inputs, p=patched: comfy_dits.sample(p, model, 1, tokens=tokens, full=True, **inputs)))
+        variants.append(Variant(name, lambda inputs, p=patched: comfy_dits.sample(p, model, 1, **step, **inputs)))
     video = comfy_dits.TINY[model][-1]
     sizes: dict[Size, Callable[[], dict[str, Any]]] = {}
     for size in sizes_px:

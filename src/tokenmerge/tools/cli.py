@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..config import DEFAULTS
-from .architectures import TRANSFORMERS, UNETS
+from .architectures import BENCH_NOISE, TRANSFORMERS, UNETS
 from .progress import progress_bar
 
 
@@ -78,6 +78,8 @@ def _bench(args: argparse.Namespace) -> int:
             label += f", whole sampling loops of {args.steps} DDIM steps (CFG)"
         elif args.steps:
             label += f", whole sampling loops of {args.steps} flow-matching Euler steps"
+        else:
+            label += f", one denoising step at noise level {BENCH_NOISE:g}"
     rounds = None if args.comfyui else args.repeats
     print(format_table(rows, label, args.batch, args.device, timed="run" if args.steps else "forward", rounds=rounds))
     meta = dict(

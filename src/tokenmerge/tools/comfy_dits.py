@@ -294,15 +294,27 @@ def latent(name: str, height: int = 32, width: int = 32, frames: int = 3) -> dic
     return {"samples": torch.zeros(shape)}
 
 
-def sample(model: Any, name: str, steps: int = 2, seed: int = 0, tokens: int = 8, full: bool = False, **size: int) -> torch.Tensor:
+def sample(
+    model: Any, name: str, steps: int = 2, seed: int = 0, tokens: int = 8, full: bool = False, noise: float | None = None, **size: int
+) -> torch.Tensor:
     """ComfyUI's KSampler path (``nodes.common_ksampler``): euler, CFG 2 (one model call per step on a batch of
-    two: conditional and unconditional), the given steps."""
+    two: conditional and unconditional), the given steps; ``noise``: one step instead, from the sigma at that noise
+    level (1 = pure noise) to 0, through ``comfy.sample.sample``'s own sigmas."""
+    import comfy.sample
     import nodes
 
+    from .comfy_models import sigma_at_noise
+
     positive, negative = conditioning(name, tokens=tokens, full=full)
+    empty = latent(name, **size)
     with torch.inference_mode():
-        (out,) = nodes.common_ksampler(model, seed, steps, 2.0, "euler", "simple", positive, negative, latent(name, **size))
-    return out["samples"]
+        if noise is None:
+            (out,) = nodes.common_ksampler(model, seed, steps, 2.0, "euler", "simple", positive, negative, empty)
+            return out["samples"]
+        x = comfy.sample.fix_empty_latent_channels(model, empty["samples"])
+        sigmas = torch.tensor([sigma_at_noise(model.get_model_object("model_sampling"), noise), 0.0])
+        start = comfy.sample.prepare_noise(x, seed)
+        return comfy.sample.sample(model, start, 1, 2.0, "euler", "simple", positive, negative, x, sigmas=sigmas, seed=seed)
 
 
 class KeyCounter:

@@ -203,6 +203,22 @@ def build_comfy_patcher(name: str = "sd15", seed: int = 0) -> Any:
     return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
 
 
+def sigma_at_noise(model_sampling: Any, level: float) -> float:
+    """The sigma of ``model_sampling`` whose noise level (:func:`tokenmerge.integrations.comfyui.comfy_noise`: its
+    timestep as a fraction of the noisiest one) is ``level``, by bisection (ComfyUI's ``sigma(timestep)`` is no
+    inverse of ``timestep(sigma)`` on flow models, whose ``sigma`` applies the shift)."""
+    from ..integrations.comfyui import comfy_noise
+
+    low, high = float(model_sampling.sigma_min), float(model_sampling.sigma_max)
+    for _ in range(60):
+        mid = (low + high) / 2
+        if comfy_noise(model_sampling, torch.tensor([mid])) < level:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
 def comfy_run(patcher: Any, x: torch.Tensor, sigma: float = 2.0, context: torch.Tensor | None = None, **extra: Any) -> torch.Tensor:
     """One denoiser call as ComfyUI's sampler makes it: the patcher's transformer_options plus sigmas."""
     options = dict(patcher.model_options.get("transformer_options", {}))

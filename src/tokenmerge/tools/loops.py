@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .architectures import transformer_output
+from .architectures import TIMESTEP_KEYS, at_noise, transformer_output
 from .caches import Clock, end_loop, step_context
 
 LATENT = "hidden_states"
@@ -22,20 +22,18 @@ def flow_loop(model: torch.nn.Module, name: str, inputs: dict[str, Any], clock: 
     and Z-Image count from noise to clean)."""
     from ..families import family_of
 
-    if LATENT not in inputs or "timestep" not in inputs:
+    if LATENT not in inputs or not any(k in inputs for k in TIMESTEP_KEYS):
         raise ValueError(f"--steps on a transformer needs its {LATENT} and timestep inputs; {name}'s example has {', '.join(inputs)}")
     x = inputs[LATENT].clone()
-    mid = inputs["timestep"]
     family = family_of(model)
-    clean = family.timesteps[1] if family is not None else 0.0
+    scale = family.timesteps if family is not None else (1000.0, 0.0)
     sigmas = torch.linspace(1.0, 0.0, clock.steps + 1)
     try:
         for i in range(clock.steps):
             sigma, after = float(sigmas[i]), float(sigmas[i + 1])
             clock.timestep = sigma * 1000.0
-            timestep = (clean + (mid.float() - clean) * (sigma / 0.5)).to(mid.dtype)
             with torch.inference_mode(), step_context(model):
-                velocity = transformer_output(name, model(**{**inputs, LATENT: x, "timestep": timestep}))
+                velocity = transformer_output(name, model(**{**at_noise(inputs, scale, sigma), LATENT: x}))
             if velocity.shape != x.shape:
                 raise ValueError(f"--steps: {name}'s output {tuple(velocity.shape)} is not shaped as its latent {tuple(x.shape)}")
             x = x + (after - sigma) * velocity
