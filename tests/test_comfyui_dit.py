@@ -29,7 +29,8 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
 
     import torch
 
-    from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run, import_comfy_checkout
+    from tokenmerge.integrations.comfyui import comfy_noise
+    from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run, import_comfy_checkout, sigma_at_noise
 
     import_comfy_checkout(checkout)
     import folder_paths
@@ -63,6 +64,18 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
         counter.calls.clear()
         comfy_dits.sample(node.patch(other, method="todo", kv_factor=2, max_noise=0.95)[0], name)
         seen_scheduled = list(counter.calls)  # step 1 at pure noise, step 2 at about half
+        auto = node.patch(other, method="auto", auto_max_keys=16, auto_min_tokens=16)[0]  # auto's default max_noise
+        counter.calls.clear()
+        comfy_dits.sample(auto, name, 1)  # one step, at pure noise
+        seen_auto_noisy = list(counter.calls)
+        counter.calls.clear()
+        comfy_dits.sample(auto, name, 1, noise=0.25)  # the bench's step
+        seen_auto_low = list(counter.calls)
+        counter.calls.clear()
+        comfy_dits.sample(other, name, 1, noise=0.25)
+        seen_plain_low = list(counter.calls)
+        sampling = other.get_model_object("model_sampling")
+        bench_noise = comfy_noise(sampling, torch.tensor([sigma_at_noise(sampling, 0.25)]))
         counter.calls.clear()
         after = comfy_dits.sample(other, name)  # the MODEL the node was given: untouched
         report["models"][name] = {
@@ -76,6 +89,10 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
             "calls_todo": seen_todo,
             "calls_chained": seen_chained,
             "calls_scheduled": seen_scheduled,
+            "calls_auto_noisy": seen_auto_noisy,
+            "calls_auto_low": seen_auto_low,
+            "calls_plain_low": seen_plain_low,
+            "bench_noise": bench_noise,
             "seeded": seeded,
         }
     report["threads_equal"] = _threads(comfy_dits, node)
@@ -200,6 +217,17 @@ def test_max_noise_leaves_the_noisy_step_whole_through_comfyuis_model_sampling(r
     plain, todo, scheduled = found["calls_plain"], found["calls_todo"], found["calls_scheduled"]
     half = len(plain) // 2  # two sampler steps, one model call each
     assert scheduled[:half] == plain[:half] and scheduled[half:] == todo[half:] != plain[half:]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_autos_default_reduces_the_low_noise_step_the_bench_times(report, name):
+    """auto's default noise limit (0.4): a step at pure noise keeps every key, the bench's step (the sigma at noise
+    0.25, found by bisection over the model's sampling) has its image keys reduced, every query kept."""
+    found = report["models"][name]
+    plain, noisy, low = found["calls_plain_low"], found["calls_auto_noisy"], found["calls_auto_low"]
+    assert abs(found["bench_noise"] - 0.25) < 1e-3
+    assert noisy == plain and low != plain
+    assert [q for q, _ in low] == [q for q, _ in plain] and all(k <= k0 for (_, k), (_, k0) in zip(low, plain))
 
 
 def test_concurrent_calls_of_one_patched_model_each_get_their_own_grid(report):

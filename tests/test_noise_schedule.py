@@ -105,6 +105,12 @@ def test_comfyuis_noise_level_from_its_model_sampling():
     flow = Flow()
     assert comfy_noise(flow, torch.tensor([0.3])) == pytest.approx(0.3)
     assert comfy_noise(None, torch.tensor([0.3])) is None
+    from tokenmerge.tools.comfy_models import sigma_at_noise
+
+    for model_sampling in (eps, flow):  # the ComfyUI benches' step: the sigma at a noise level, by bisection
+        assert comfy_noise(model_sampling, torch.tensor([sigma_at_noise(model_sampling, 0.25)])) == pytest.approx(
+            0.25, abs=1e-3
+        )  # eps: whole timesteps
 
 
 def test_the_comfyui_unet_node_reduces_only_the_low_noise_steps():

@@ -18,8 +18,8 @@ LATENT = "hidden_states"
 
 def flow_loop(model: torch.nn.Module, name: str, inputs: dict[str, Any], clock: Clock) -> torch.Tensor:
     """``clock.steps`` Euler steps of the flow ``x' = v(x, t)`` from the example's latent; returns the final latent.
-    The example's timestep (its family's scale at mid-noise) is moved to each step's sigma on that scale (Lumina 2
-    and Z-Image count from noise to clean)."""
+    Each step's timestep is its sigma on the family's scale (:func:`~tokenmerge.tools.architectures.at_noise`:
+    Lumina 2 and Z-Image count from noise to clean)."""
     from ..families import family_of
 
     if LATENT not in inputs or not any(k in inputs for k in TIMESTEP_KEYS):
