@@ -58,3 +58,27 @@ def test_patching_a_compiled_module_warns(sd15_small):
         tokenmerge.apply_patch(compiled, ratio=0.5)
     tokenmerge.remove_patch(compiled)
     assert tokenmerge.get_config(sd15_small) is None
+
+
+def test_regional_compilation_keeps_autos_noise_schedule(sd15_small):
+    """diffusers' compile_repeated_blocks compiles the transformer blocks (fullgraph) and leaves the root, where the
+    call's timestep is read, eager: auto's default max_noise still leaves a mid-noise step whole and reduces a low-noise
+    one, each equal to the eager patched model (the documented way to keep max_noise under compile). Each patched
+    block compiles its own graph (a known cost, documented), hence the raised recompile limit."""
+    inputs = sd_inputs(sd15_small, 16, 16)
+    mid, low = {**inputs, "timestep": torch.tensor(500)}, {**inputs, "timestep": torch.tensor(200)}
+    blocks = [m for m in sd15_small.modules() if type(m).__name__ in sd15_small._repeated_blocks]
+    with torch.no_grad():
+        vanilla_mid, vanilla_low = sd15_small(**mid).sample, sd15_small(**low).sample
+        with tokenmerge.patched(sd15_small, method="auto", auto_max_keys=16, auto_min_tokens=16):
+            eager_low = sd15_small(**low).sample
+            sd15_small.compile_repeated_blocks(fullgraph=True, backend="eager")
+            try:
+                with torch._dynamo.config.patch(recompile_limit=64):
+                    compiled_mid, compiled_low = sd15_small(**mid).sample, sd15_small(**low).sample
+            finally:
+                for block in blocks:
+                    block._compiled_call_impl = None
+                torch._dynamo.reset()
+    assert torch.equal(compiled_mid, vanilla_mid)
+    assert torch.equal(compiled_low, eager_low) and not torch.equal(compiled_low, vanilla_low)
