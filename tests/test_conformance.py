@@ -20,7 +20,7 @@ import tokenmerge
 from tokenmerge.algorithms import TokenGrid, nearest_indices
 from tokenmerge.families import examples
 from tokenmerge.planning import kv_factors_for
-from tokenmerge.tools.architectures import at_noise, build_model, transformer_inputs, transformer_output
+from tokenmerge.tools.architectures import at_noise, build_model, timestep_scale, transformer_inputs, transformer_output
 
 from conftest import AttentionCalls
 
@@ -103,7 +103,7 @@ def test_autos_default_reduces_only_the_low_noise_steps(name):
     """auto's default noise limit (0.4), read from each family's timestep scale: a step at noise 0.5 (the examples')
     runs bit-identical to vanilla, one at 0.25 has its image keys reduced."""
     model = model_of(name)
-    scale = tokenmerge.families.family_of(model).timesteps
+    scale = timestep_scale(model)
     mid, low = at_noise(inputs_of(name), scale, 0.5), at_noise(inputs_of(name), scale, 0.25)
     vanilla_mid, vanilla_low = run(name, mid), attention_calls(name, low)
     with tokenmerge.patched(model, method="auto", auto_max_keys=16, auto_min_tokens=16):

@@ -145,6 +145,14 @@ BENCH_NOISE = 0.25
 TIMESTEP_KEYS = ("timestep", "timesteps", "t")  # the names the families' examples use (Z-Image: t)
 
 
+def timestep_scale(model: torch.nn.Module) -> tuple[float, float]:
+    """The timestep ``model`` takes at pure noise and when clean: its family's, else the common (1000, 0)."""
+    from ..families import family_of
+
+    family = family_of(model)
+    return family.timesteps if family is not None else (1000.0, 0.0)
+
+
 def at_noise(inputs: dict[str, Any], scale: tuple[float, float], level: float) -> dict[str, Any]:
     """``inputs`` with their timestep set to noise ``level`` (1 = pure noise) on the family's ``scale`` (its timestep
     at pure noise and when clean); a per-token timestep's clean entries (a condition frame) stay clean."""

@@ -29,8 +29,19 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import describe, patched
-from ..families import examples, family_of
-from .architectures import BENCH_NOISE, TRANSFORMERS, UNETS, VAE_FACTOR, at_noise, build_model, denoised, transformer_inputs, unet_inputs
+from ..families import examples
+from .architectures import (
+    BENCH_NOISE,
+    TRANSFORMERS,
+    UNETS,
+    VAE_FACTOR,
+    at_noise,
+    build_model,
+    denoised,
+    timestep_scale,
+    transformer_inputs,
+    unet_inputs,
+)
 from .progress import progress_bar, wait_while_paused
 from .specs import PatchSpec, available
 
@@ -381,8 +392,7 @@ def run_bench(
 
     example = None if model in UNETS else examples()[model][1]
     keys = bench_sizes(example, sizes_px, frames)
-    family = family_of(net)
-    scale = family.timesteps if family is not None else (1000.0, 0.0)
+    scale = timestep_scale(net)
 
     def make_inputs(size: Size) -> dict[str, Any]:
         if model in UNETS:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .architectures import TIMESTEP_KEYS, at_noise, transformer_output
+from .architectures import TIMESTEP_KEYS, at_noise, timestep_scale, transformer_output
 from .caches import Clock, end_loop, step_context
 
 LATENT = "hidden_states"
@@ -20,13 +20,10 @@ def flow_loop(model: torch.nn.Module, name: str, inputs: dict[str, Any], clock: 
     """``clock.steps`` Euler steps of the flow ``x' = v(x, t)`` from the example's latent; returns the final latent.
     Each step's timestep is its sigma on the family's scale (:func:`~tokenmerge.tools.architectures.at_noise`:
     Lumina 2 and Z-Image count from noise to clean)."""
-    from ..families import family_of
-
     if LATENT not in inputs or not any(k in inputs for k in TIMESTEP_KEYS):
         raise ValueError(f"--steps on a transformer needs its {LATENT} and timestep inputs; {name}'s example has {', '.join(inputs)}")
     x = inputs[LATENT].clone()
-    family = family_of(model)
-    scale = family.timesteps if family is not None else (1000.0, 0.0)
+    scale = timestep_scale(model)
     sigmas = torch.linspace(1.0, 0.0, clock.steps + 1)
     try:
         for i in range(clock.steps):
