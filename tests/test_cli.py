@@ -174,3 +174,38 @@ def test_bench_summary_puts_each_size_beside_its_target(tmp_path):
     line = summary([str(path)]).splitlines()[-1]
     assert line.startswith("| qwen-image (2) | 1024 | 10.0 (9.8-10.2) | 20% | 1.25x | 2.00x")
     assert "76% | auto >= 1.21x: no; tome >= 1.5x: yes |" in line
+
+
+@pytest.mark.parametrize(
+    ("mode", "extra", "variants"),
+    [("model", [], ["tome:0.5", "todo:2"]), ("blocks", [], ["tome:0.5", "todo:2"]), ("blocks", ["--steps", "2"], ["todo:2+fbcache"])],
+)
+def test_bench_compiles_the_model_or_its_blocks_and_every_variant_acts(mode, extra, variants, tmp_path, monkeypatch):
+    """--compile runs every variant through one compiled model, patched for its own calls: each patched row differs
+    from vanilla (dynamo guards on the hooks, else the graph traced first would run for all). Dynamo's eager backend
+    stands in for inductor: what is checked is the tracing, not the kernels."""
+    import torch
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda *args, **kwargs: real(*args, **{**kwargs, "backend": "eager"}))
+    config = torch._dynamo.config
+    kept = {name: getattr(config, name) for name in ("skip_nnmodule_hook_guards", "recompile_limit", "accumulated_recompile_limit")}
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--model", "flux", "--small", "--batch", "1", "--sizes", "128", "--repeats", "0", "--compile", mode, *extra]
+    try:
+        with config.patch(kept):  # the bench sets them for its process
+            assert main([*argv, "--json", str(out), "--variants", *variants]) == 0
+    finally:
+        torch._dynamo.reset()
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 1 + len(variants) and all(r["variant"].endswith(f"(compiled {mode})") for r in rows)
+    assert all(r["rel_l2"] > 0 for r in rows[1:])
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [(["--compile", "--steps", "2"], "compiles block by block"), (["--model", "sd3", "--compile", "blocks"], "no repeated blocks")],
+)
+def test_bench_refuses_a_compile_it_cannot_do(argv, error):
+    with pytest.raises(SystemExit, match=error):
+        main(["bench", "--small", "--sizes", "128", "--repeats", "0", *argv])

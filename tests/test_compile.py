@@ -10,6 +10,7 @@ import tomesd
 import torch
 
 import tokenmerge
+from tokenmerge.tools.architectures import build_model, transformer_inputs, transformer_output
 
 from conftest import sd_inputs
 
@@ -63,8 +64,8 @@ def test_patching_a_compiled_module_warns(sd15_small):
 def test_regional_compilation_keeps_autos_noise_schedule(sd15_small):
     """diffusers' compile_repeated_blocks compiles the transformer blocks (fullgraph) and leaves the root, where the
     call's timestep is read, eager: auto's default max_noise still leaves a mid-noise step whole and reduces a low-noise
-    one, each equal to the eager patched model (the documented way to keep max_noise under compile). Each patched
-    block compiles its own graph (a known cost, documented), hence the raised recompile limit."""
+    one, each equal to the eager patched model (the documented way to keep max_noise under compile), within dynamo's
+    default recompile limit (no block falls back to eager)."""
     inputs = sd_inputs(sd15_small, 16, 16)
     mid, low = {**inputs, "timestep": torch.tensor(500)}, {**inputs, "timestep": torch.tensor(200)}
     blocks = [m for m in sd15_small.modules() if type(m).__name__ in sd15_small._repeated_blocks]
@@ -74,7 +75,7 @@ def test_regional_compilation_keeps_autos_noise_schedule(sd15_small):
             eager_low = sd15_small(**low).sample
             sd15_small.compile_repeated_blocks(fullgraph=True, backend="eager")
             try:
-                with torch._dynamo.config.patch(recompile_limit=64):
+                with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
                     compiled_mid, compiled_low = sd15_small(**mid).sample, sd15_small(**low).sample
             finally:
                 for block in blocks:
@@ -82,3 +83,35 @@ def test_regional_compilation_keeps_autos_noise_schedule(sd15_small):
                 torch._dynamo.reset()
     assert torch.equal(compiled_mid, vanilla_mid)
     assert torch.equal(compiled_low, eager_low) and not torch.equal(compiled_low, vanilla_low)
+
+
+@pytest.mark.parametrize(("name", "options"), [("flux", dict(ratio=0.5)), ("flux", dict(method="todo")), ("wan", dict(method="auto"))])
+def test_regional_compilation_compiles_as_many_graphs_at_any_depth(name, options):
+    """Under compile_repeated_blocks a patched block's hooks read its call's state without its index (an int a graph
+    would be specialised on), so the blocks share their graphs as unpatched ones do: 3 blocks compile no more graphs
+    than 1, each block's output that of the eager patched model. (Flux's todo also covers a key/value mode entered
+    inside a compiled block, where Flux's processor calls Tensor.unflatten.)"""
+    options = {"max_noise": 1, **options, **({"auto_max_keys": 16, "auto_min_tokens": 16} if options.get("method") == "auto" else {})}
+    counts = []
+    for blocks in (1, 3):
+        model = build_model(name, small=True, blocks=blocks)
+        inputs = transformer_inputs(model, name, 16, 16)
+        graphs = []
+
+        def count(gm, example_inputs, graphs=graphs):
+            graphs.append(gm)
+            return gm.forward
+
+        with torch.no_grad():
+            vanilla = transformer_output(name, model(**inputs))
+            with tokenmerge.patched(model, **options):
+                eager = transformer_output(name, model(**inputs))
+                model.compile_repeated_blocks(fullgraph=True, backend=count)
+                try:
+                    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                        compiled = [transformer_output(name, model(**inputs)) for _ in range(2)]
+                finally:
+                    torch._dynamo.reset()
+        assert all(torch.equal(c, eager) for c in compiled) and not torch.equal(eager, vanilla)
+        counts.append(len(graphs))
+    assert counts[0] == counts[1], f"{counts[0]} graphs with 1 block, {counts[1]} with 3"

@@ -159,3 +159,32 @@ def test_config_argument_and_describe(sd15_small):
     with pytest.raises(TypeError, match="either in config= or as arguments"):
         tokenmerge.apply_patch(sd15_small, ratio=0.3, config=config)
     assert str(tokenmerge.describe(sd15_small)) == "not patched by tokenmerge"
+
+
+def test_an_attention_that_raises_leaves_no_key_value_mode_behind():
+    """The SDPA mode a joint attention enters (Flux: keys and values are reduced where the attention runs) is left
+    by its forward hook, or, where the attention raises, by the call's closing hook: the error reaches the caller,
+    and the next call is the patch's own output."""
+    from tokenmerge.hooks import dispatch
+    from tokenmerge.tools.architectures import build_model, transformer_inputs
+
+    model = build_model("flux", small=True)
+    inputs = transformer_inputs(model, "flux", 16, 16)
+    attention = model.transformer_blocks[0].attn
+    opened = []
+
+    def fail(module, args, kwargs):
+        opened.append(torch._C._len_torch_function_stack())
+        raise RuntimeError("attention failed")
+
+    with torch.no_grad(), tokenmerge.patched(model, method="todo", max_noise=1):
+        expected = model(**inputs).sample
+        handle = attention.register_forward_pre_hook(fail, with_kwargs=True)  # after tokenmerge's: its mode is open
+        try:
+            with pytest.raises(RuntimeError, match="attention failed"):
+                model(**inputs)
+        finally:
+            handle.remove()
+        assert opened == [1]
+        assert torch._C._len_torch_function_stack() == 0 and not dispatch.ACTIVE.stack
+        assert torch.equal(model(**inputs).sample, expected)

@@ -121,8 +121,7 @@ class TokenMergeConfig:
       detail: on the reference models ``auto`` at 0.4 keeps more than ToMe r=0.5 on every yardstick, every step
       loses to it (docs/quality.md#a-noise-schedule-max_noise); ``max_noise=1`` is auto's speed-first setting. Read
       once per call (one host read of the timestep); under ``torch.compile`` of the whole denoiser it cannot be read
-      and every step is reduced (compile the blocks, ``compile_repeated_blocks``, to keep it: each patched block
-      then compiles a graph of its own, so raise ``torch._dynamo.config.recompile_limit`` above the block count).
+      and every step is reduced (compile the blocks, ``compile_repeated_blocks``, to keep it).
     """
 
     ratio: float = 0.5

@@ -136,7 +136,7 @@ def plan_merge(
     x: torch.Tensor,
     grid: TokenGrid,
     config: TokenMergeConfig,
-    key: int,
+    key: int | torch.Tensor,
     timestep: torch.Tensor | None,
     shared_by_batch: bool = False,
 ) -> MergePlan | None:

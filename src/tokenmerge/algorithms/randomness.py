@@ -47,13 +47,20 @@ def fold_seed(seed: int) -> int:
     return hash_ints(0x5EED, len(words), *words)
 
 
-def timestep_keys(block_key: int, seed_key: int, timestep: torch.Tensor | None, batch: int, device: torch.device) -> torch.Tensor:
+def timestep_keys(
+    block_key: int | torch.Tensor, seed_key: int, timestep: torch.Tensor | None, batch: int, device: torch.device
+) -> torch.Tensor:
     """One 32-bit key per sample from (seed, block, timestep); samples with equal timesteps share a key.
 
     ``timestep`` may hold one value, one per sample, one per group of samples (video frames), or one per token of
     each sample (image-to-video's per-token timesteps: a sample's largest, the step's, not its clean frame's 0).
+    ``block_key`` may be a one-element int64 tensor: a compiled graph then takes it as an input, where an int would
+    be a constant of the graph (one graph per block).
     """
-    base = torch.tensor([(block_key ^ seed_key) & MASK32], device=device, dtype=torch.int64)
+    if isinstance(block_key, torch.Tensor):
+        base = (block_key.to(device=device, dtype=torch.int64).view(1) ^ seed_key) & MASK32
+    else:
+        base = torch.tensor([(block_key ^ seed_key) & MASK32], device=device, dtype=torch.int64)
     if timestep is None:
         return hash32(base)
     t = timestep.flatten().to(device)

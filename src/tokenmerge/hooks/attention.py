@@ -38,6 +38,10 @@ def projections_fused(attention: torch.nn.Module) -> bool:
     return bool(getattr(attention, "fused_projections", False)) and not hasattr(attention, "to_kv") and processor is None
 
 
+def _is_tensor_method(func: Any, args: tuple) -> bool:
+    return bool(args) and isinstance(args[0], torch.Tensor) and getattr(torch.Tensor, getattr(func, "__name__", ""), None) is func
+
+
 class ReduceKeysValues(TorchFunctionMode):
     """One attention call's key/value reduction: the image segment of its keys and values (and the matching mask
     columns) downsampled, whichever route computes the attention.
@@ -90,6 +94,10 @@ class ReduceKeysValues(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is not _SDPA or self.dispatching:
+            if torch.compiler.is_compiling() and _is_tensor_method(func, args):
+                # Called as the tensor's own method: dynamo cannot trace the Python bodies of some (Tensor.unflatten's
+                # super() call, in Flux's processor), which a mode entered inside a compiled block would reach.
+                return getattr(args[0], func.__name__)(*args[1:], **kwargs)
             return func(*args, **kwargs)
         values = dict(zip(_SDPA_NAMES, args))
         values.update({k: v for k, v in kwargs.items() if k in _SDPA_NAMES})
@@ -107,17 +115,16 @@ class DownsampleKeysValues:
 
     def __init__(self, patch: PatchState, block: int, site: int) -> None:
         self.patch = patch
-        self.block = block
         self.site = site
         self.warnings = BlockWarnings(block)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         call = self.patch.current()
-        block = None if call is None else call.blocks.get(self.block)
+        block = None if call is None else call.running  # (not looked up by index: see CallState.running)
         action = None if block is None else block.action
         if action is None or action.kv_grid is None or block.layout is None:
             return None
-        site = self.patch.blocks[self.block].layout.kv_sites[self.site]
+        site = block.info.layout.kv_sites[self.site]
         grid, factors, interpolation = action.kv_grid, action.kv_factors, call.config.kv_interpolation
         sharded = block.layout.shard is not None  # a rank's part: reduced where the attention runs, as one process would
         if site.context_kwarg is not None and not sharded:
@@ -139,7 +146,9 @@ class DownsampleKeysValues:
 
 
 class CloseKeyValueMode:
-    """Forward hook (always called) on an attention: leave the SDPA mode its pre-hook entered."""
+    """Forward hook on an attention: leave the SDPA mode its pre-hook entered. (Where the attention raises, the
+    call's :class:`~tokenmerge.hooks.calls.EndCall` leaves it: an always-called hook here would be a guard on its
+    handle's id in a compiled block, one graph per block.)"""
 
     def __init__(self, patch: PatchState, block: int) -> None:
         self.patch = patch
@@ -149,10 +158,7 @@ class CloseKeyValueMode:
         mode = self.patch.close_mode(module)
         if mode is None:
             return
-        mode.__exit__(None, None, None)
-        stack = dispatch.ACTIVE.stack
-        if stack and stack[-1] is mode:
-            stack.pop()
+        dispatch.exit_mode(mode)
         if (mode.reduced == 0 or mode.mask_skipped) and not torch.compiler.is_compiling() and not caching_wrappers(module):
             # (a caching hook that returned an output of an earlier step ran no attention: nothing to reduce)
             reason = (

@@ -16,7 +16,7 @@ from ..families.base import Declined
 from ..planning import IDLE, decide, kv_factors_for, merge_count, noise_level, plan_merge
 from . import dispatch
 from .parallel import ContextSplit, context_split
-from .state import BlockCall, BlockWarnings, CallState, PatchState, in_backward
+from .state import BlockCall, BlockInfo, BlockWarnings, CallState, PatchState, in_backward
 
 _INPUT_NAMES = ("hidden_states", "x", "sample")
 
@@ -104,6 +104,8 @@ class EndCall:
         self.patch = patch
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        for mode in self.patch.open_modes():  # an attention of this call raised: leave its SDPA mode
+            dispatch.exit_mode(mode)
         call = self.patch.current()
         if call is not None:
             if call.config.method == "auto" and not call.recomputing and not torch.compiler.is_compiling():
@@ -114,7 +116,7 @@ class EndCall:
     def _notice_idle_auto(self, module: torch.nn.Module, call: CallState) -> None:
         """``auto`` leaving every block of a call alone (small grids, by design) is said once per options."""
         grids = [layout.grid if layout.shard is None else layout.shard.whole for layout in call.layouts.values() if layout is not None]
-        if not grids or not call.blocks or not all(b.action.idle for b in call.blocks.values()):
+        if not grids or not call.blocks or not all(b.action.idle for b in call.blocks.values()):  # (eager calls: see PlanBlock)
             return
         if max(g.numel for g in grids) > call.config.auto_min_tokens:  # idle for another reason, said where it was found
             return
@@ -140,7 +142,10 @@ class CaptureLayout:
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         call = self.patch.current()
-        if call is None or (call.recomputing and self.index in call.layouts):
+        if call is None:
+            return
+        if call.recomputing and self.index in call.layouts:
+            call.containers.append(call.layouts[self.index])
             return
         found = self.patch.layout.containers[self.index].layout(args, kwargs)
         if isinstance(found, Declined):  # the reader said why already: no warning per block
@@ -149,6 +154,7 @@ class CaptureLayout:
         if found is not None and call.split is not None:
             found = self._shard(found, call.split, call)
         call.layouts[self.index] = found
+        call.containers.append(found)
 
     def _shard(self, layout: TokenLayout, split: ContextSplit, call: CallState) -> TokenLayout | None:
         """The rank's part of the call's layout under context parallelism (None, said once, where it has none)."""
@@ -166,6 +172,18 @@ class CaptureLayout:
         return found
 
 
+class LeaveContainer:
+    """Forward hook (always called) on a container: its layout stops being the one its blocks read."""
+
+    def __init__(self, patch: PatchState) -> None:
+        self.patch = patch
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        call = self.patch.current()
+        if call is not None and call.containers:
+            call.containers.pop()
+
+
 class PlanBlock:
     """Forward pre-hook on a transformer block: decide its action for this call from its input tokens.
 
@@ -173,34 +191,35 @@ class PlanBlock:
     where grad is enabled, the block input is anchored so that the call outlives its forward.
     """
 
-    def __init__(self, patch: PatchState, index: int) -> None:
+    def __init__(self, patch: PatchState, info: BlockInfo) -> None:
         self.patch = patch
-        self.index = index
-        self.warnings = BlockWarnings(index)
+        self.info = info  # read through, never by index: see CallState.running
+        self.warnings = BlockWarnings(info.index)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
-        patch = self.patch
-        info = patch.blocks[self.index]
+        patch, info = self.patch, self.info
         x = info.input(args, kwargs)
         call = patch.current()
         if not torch.compiler.is_compiling() and in_backward():
-            if call is not None and call.recomputing and self.index in call.blocks:
-                call.blocks[self.index].begin()
+            if call is not None and call.recomputing and info.index in call.blocks:
+                call.running = call.blocks[info.index]
+                call.running.begin()
                 return None
             if call is None or not call.recomputing:
                 recorded = patch.recorded(x) if isinstance(x, torch.Tensor) else None
                 if recorded is None:
-                    raise_lost_call(patch, self.index)
+                    raise_lost_call(patch, info.index)
                 patch.push(recorded)
-                patch.mark_block_entry(self.index)
-                block = recorded.blocks.setdefault(self.index, BlockCall(IDLE))
-                block.begin()
+                patch.mark_block_entry(info.index)
+                recorded.running = recorded.blocks.setdefault(info.index, BlockCall(IDLE, info=info))
+                recorded.running.begin()
                 return None
         if call is None:  # the block runs outside a call of its denoiser (called directly): leave it alone
             return None
-        layout = call.layouts.get(info.container)
-        block = BlockCall(self._decide(x, call, info, layout), layout)
-        call.blocks[self.index] = block
+        layout = call.containers[-1] if call.containers else None
+        block = call.running = BlockCall(self._decide(x, call, info, layout), layout, info=info)
+        if not torch.compiler.is_compiling():  # (a compiled graph holds no recomputation to replay)
+            call.blocks[info.index] = block
         if call.recomputing or not isinstance(x, torch.Tensor) or not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         # A checkpointed block may be recomputed in backward: find this call again by the block's input.
@@ -298,7 +317,7 @@ class PlanBlock:
         fresh = lambda: plan_merge(x, grid, config, info.key, call.timestep, info.plan_shared_by_batch)  # noqa: E731
         if not (config.share_plan or config.reuse_steps > 1):
             return fresh()
-        key = ("level", info.level) if config.share_plan else ("block", self.index)
+        key = ("level", info.level) if config.share_plan else ("block", info.index)
         shape = (x.shape[0], x.shape[1], *grid.shape)
         if config.reuse_steps == 1 or call.recomputing:
             cached = call.level_plans.get(key)
@@ -318,14 +337,18 @@ class PlanBlock:
 
 
 class EndBlock:
-    """Forward hook (always called) on a block: close the recorded call a recompute of this block replayed."""
+    """Forward hook (always called) on a block: it stops running; close the recorded call a recompute of it replayed."""
 
     def __init__(self, patch: PatchState, index: int) -> None:
         self.patch = patch
         self.index = index
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
-        self.patch.leave_block_entry(self.index)
+        call = self.patch.current()
+        if call is not None:
+            call.running = None
+        if not torch.compiler.is_compiling():  # (a recompute in backward never runs in a compiled graph)
+            self.patch.leave_block_entry(self.index)
 
 
 class RecomputeEntry:
@@ -350,7 +373,8 @@ class RecomputeEntry:
         recorded = patch.recorded(x) if isinstance(x, torch.Tensor) else None
         if recorded is None:
             raise_lost_call(patch, self.index)
-        recorded.blocks.setdefault(self.index, BlockCall(IDLE)).begin()
+        recorded.running = recorded.blocks.setdefault(self.index, BlockCall(IDLE, info=patch.blocks[self.index]))
+        recorded.running.begin()
         patch.push(recorded)
         try:
             return run(*args, **kwargs)

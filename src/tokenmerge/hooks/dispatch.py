@@ -29,6 +29,13 @@ _users = 0
 _lock = threading.Lock()
 
 
+def exit_mode(mode: Any) -> None:
+    """Leave a key/value reduction mode (hooks.attention.ReduceKeysValues) and this thread's stack of them."""
+    mode.__exit__(None, None, None)
+    if ACTIVE.stack and ACTIVE.stack[-1] is mode:
+        ACTIVE.stack.pop()
+
+
 def _registries() -> list[Any]:
     """diffusers' backend registry, and cache-dit's where cache-dit is in use (its processors for Wan, HunyuanVideo,
     LTX and others call its own dispatcher, with diffusers' keyword form; tokenmerge never imports it)."""

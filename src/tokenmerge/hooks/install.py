@@ -10,7 +10,7 @@ from ..families.base import Argument
 from ..planning import block_key
 from . import dispatch
 from .attention import CloseKeyValueMode, DownsampleKeysValues, DownsampleProjectionInput
-from .calls import BeginCall, CaptureLayout, EndBlock, EndCall, PlanBlock, RecomputeEntry
+from .calls import BeginCall, CaptureLayout, EndBlock, EndCall, LeaveContainer, PlanBlock, RecomputeEntry
 from .state import BlockInfo, PatchState
 from .tokens import EnterSpan, EnterSpanOnOutput, FollowMerge, LeaveSpan
 
@@ -22,17 +22,23 @@ def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
     add = patch.handles.append
     root = layout.root
     add(root.register_forward_pre_hook(BeginCall(patch), with_kwargs=True))
-    add(root.register_forward_hook(EndCall(patch), with_kwargs=True, always_call=True))
     for c, container in enumerate(layout.containers):
         add(container.module.register_forward_pre_hook(CaptureLayout(patch, c), with_kwargs=True))
+        add(container.module.register_forward_hook(LeaveContainer(patch), with_kwargs=True, always_call=True))
         for block in container.blocks:
             index = len(patch.blocks)
             patch.blocks.append(
                 BlockInfo(
-                    index, container.level, block_key(index), c, Argument(block.module, block.input_name), block.plan_shared_by_batch, block
+                    index,
+                    container.level,
+                    torch.tensor([block_key(index)]),
+                    c,
+                    Argument(block.module, block.input_name),
+                    block.plan_shared_by_batch,
+                    block,
                 )
             )
-            add(block.module.register_forward_pre_hook(PlanBlock(patch, index), with_kwargs=True))
+            add(block.module.register_forward_pre_hook(PlanBlock(patch, patch.blocks[index]), with_kwargs=True))
             add(block.module.register_forward_hook(EndBlock(patch, index), with_kwargs=True, always_call=True))
             if block.recompute_method is not None:
                 setattr(block.module, block.recompute_method, RecomputeEntry(patch, index, block.module, block.recompute_method))
@@ -49,9 +55,11 @@ def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
                 add(span.leave.register_forward_hook(LeaveSpan(patch, index, s, span.leave_index)))
             for k, site in enumerate(block.kv_sites):
                 add(site.module.register_forward_pre_hook(DownsampleKeysValues(patch, index, k), with_kwargs=True))
-                add(site.module.register_forward_hook(CloseKeyValueMode(patch, index), with_kwargs=True, always_call=True))
+                add(site.module.register_forward_hook(CloseKeyValueMode(patch, index), with_kwargs=True))
                 for projection in site.projections:
                     add(projection.register_forward_pre_hook(DownsampleProjectionInput(patch, site.module)))
+    # After the containers' hooks: a root that is a container leaves it before its call closes.
+    add(root.register_forward_hook(EndCall(patch), with_kwargs=True, always_call=True))
     if any(block.kv_sites for block in layout.blocks):
         dispatch.acquire()
         patch.routes_dispatch = True

@@ -50,6 +50,7 @@ class BlockCall:
     layout: TokenLayout | None = None  # the call's token layout where this block runs (its streams derive from it)
     active: dict[int, Any] = field(default_factory=dict)  # span index -> (plan, stream layout) its input was merged with
     chunk_cursor: int = 0
+    info: BlockInfo | None = None  # the block's fixed facts (its spans and sites), for the hooks inside it
 
     def begin(self) -> None:
         """Start (or restart, when recomputed) the block's execution."""
@@ -66,7 +67,11 @@ class CallState:
     step: int
     layouts: dict[int, TokenLayout | None] = field(default_factory=dict)  # container index -> its tokens' layout
     declined: set[int] = field(default_factory=set)  # containers whose reader declined this call (and said why)
-    blocks: dict[int, BlockCall] = field(default_factory=dict)
+    blocks: dict[int, BlockCall] = field(default_factory=dict)  # by block index (eager calls: for recomputation)
+    # The innermost open container's layout and the running block: what the hooks inside read, so that no hook looks
+    # itself up by its block's index (an int a compiled graph would be specialised on: one graph per block).
+    containers: list[TokenLayout | None] = field(default_factory=list)
+    running: BlockCall | None = None
     level_plans: dict[tuple, Any] = field(default_factory=dict)  # share_plan: one matching per level and call
     recomputing: bool = False
     split: Any = None  # hooks.parallel.ContextSplit: the context-parallel split this call runs under, if any
@@ -103,7 +108,7 @@ class BlockInfo:
 
     index: int
     level: int
-    key: int  # of the random partition
+    key: torch.Tensor  # of the random partition: (1,) int64, a tensor so that compiled blocks share one graph
     container: int
     input: Any  # families.base.Argument: the block's input tokens (the matching is computed on their image segment)
     plan_shared_by_batch: bool
@@ -203,6 +208,16 @@ class PatchState:
         if modes and modes[-1][0] is module:
             return modes.pop()[1]
         return None
+
+    def open_modes(self) -> list[Any]:
+        """The SDPA modes still open in this thread (an attention raised before its forward hook), innermost first;
+        they are forgotten here."""
+        modes = getattr(self._local, "modes", None)
+        if not modes:
+            return []
+        left = [mode for _, mode in reversed(modes)]
+        modes.clear()
+        return left
 
     def step_cache(self) -> StepCache:
         cache = getattr(self._local, "cache", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,13 +25,15 @@ def caching_wrappers(module: torch.nn.Module) -> list[str]:
     return [name for name in hooks if name in REPLAYING_HOOKS]
 
 
-def cached_span_notice(modules: list[torch.nn.Module], where: str) -> str | None:
+def cached_span_notice(modules: list[torch.nn.Module], where: Callable[[], str]) -> str | None:
     """Why a merged span must run unmerged: a diffusers hook in it may return an output cached in an earlier step,
     computed on that step's merged tokens, which this step's merge cannot restore. Unmerged, every output the hook
-    caches or replays has the full sequence, so the two compose exactly (only that span's saving is given up)."""
+    caches or replays has the full sequence, so the two compose exactly (only that span's saving is given up).
+    (``where`` is said only when one is found: a compiled graph is specialised on every value it reads.)"""
     found = sorted({name for module in modules for name in caching_wrappers(module)})
     if not found:
         return None
+    where = where()
     return (
         f"{where} is wrapped by diffusers' {', '.join(found)} hook, which returns outputs cached in earlier steps; merged "
         "outputs of one step cannot be restored with another step's merge, so that span runs unmerged (method='todo' or "
@@ -47,7 +50,10 @@ class _SpanHook:
 
     def block_call(self) -> BlockCall | None:
         call = self.patch.current()
-        return None if call is None else call.blocks.get(self.block)
+        return None if call is None else call.running
+
+    def span_of(self, block: BlockCall) -> Any:
+        return block.info.layout.spans[self.span]
 
 
 def _merge(plan: MergePlan, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
@@ -75,10 +81,11 @@ class EnterSpan(_SpanHook):
     def _plan(self, block: BlockCall | None, module: torch.nn.Module) -> MergePlan | None:
         if block is None or block.action.plan is None:
             return None
-        span = self.patch.blocks[self.block].layout.spans[self.span]
+        span = self.span_of(block)
         if not self.patch.current().config.merges(span.option, self.patch.layout.single_level):
             return None
-        notice = cached_span_notice([span.enter, span.leave, *[m for m, _ in span.follows]], f"the {span.name} of block {self.block}")
+        modules = [span.enter, span.leave, *[m for m, _ in span.follows]]
+        notice = cached_span_notice(modules, lambda: f"the {span.name} of block {self.block}")
         if notice is not None:
             self.patch.notice("step cache", notice)
             return None
@@ -100,7 +107,7 @@ class EnterSpan(_SpanHook):
         return plan.rows(start, start + b)
 
     def _enter(self, x: Any, block: BlockCall, plan: MergePlan) -> torch.Tensor | None:
-        span = self.patch.blocks[self.block].layout.spans[self.span]
+        span = self.span_of(block)
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or block.layout is None:
             return None
         stream = block.layout.stream(span.stream)

@@ -13,7 +13,6 @@ these numbers say little about image quality (see ``tokenmerge eval``).
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import statistics
 import sys
@@ -184,10 +183,14 @@ def _forward(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         return model(inputs["sample"], inputs["timestep"], inputs["encoder_hidden_states"], **extra).sample
 
 
-def _patched(model: torch.nn.Module, spec: PatchSpec, defaults: dict[str, Any]) -> Callable[[dict[str, Any]], torch.Tensor]:
+def _patched(
+    model: torch.nn.Module, spec: PatchSpec, defaults: dict[str, Any], called: torch.nn.Module | None = None
+) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """A forward of ``called`` (default: ``model``; its compiled wrapper) with ``model`` patched by ``spec``."""
+
     def forward(inputs: dict[str, Any]) -> torch.Tensor:
         with spec.applied(model, **defaults):
-            return _forward(model, inputs)
+            return _forward(model if called is None else called, inputs)
 
     return forward
 
@@ -217,13 +220,26 @@ def _looped(
     return sample
 
 
-def _compiled(unet: torch.nn.Module, spec: PatchSpec | None, defaults: dict[str, Any]) -> Callable[[dict[str, Any]], torch.Tensor]:
-    """A patched copy of the model, compiled once (patching a compiled module per call would recompile)."""
-    model = copy.deepcopy(unet)
-    if spec is not None:
-        spec.applied(model, **defaults).__enter__()  # stays patched: the copy is compiled with the patch
-    compiled = torch.compile(model)
-    return lambda inputs: _forward(compiled, inputs)
+COMPILE_MODES = ("model", "blocks")
+
+
+def _compile(net: torch.nn.Module, mode: str, log: Callable[[str], None]) -> torch.nn.Module:
+    """``net`` compiled as a whole (``model``: the module to call) or block by block (``blocks``: diffusers'
+    ``compile_repeated_blocks``, ``net`` itself then runs its compiled blocks). Every variant runs through it, patched
+    for its own calls: dynamo guards on the hooks (``skip_nnmodule_hook_guards`` off, else a graph traced without
+    them would run for every variant) and keeps one graph per variant, with room for them all (``recompile_limit``)."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    torch._dynamo.config.skip_nnmodule_hook_guards = False
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 1024)
+    if mode == "model":
+        return torch.compile(net)
+    if not getattr(net, "_repeated_blocks", None):
+        raise ValueError(f"--compile blocks: diffusers declares no repeated blocks for {type(net).__name__}; use --compile model")
+    net.compile_repeated_blocks()  # not fullgraph: a step cache's decision inside a block is a graph break
+    log(f"--compile blocks: {', '.join(net._repeated_blocks)} compiled (torch.compile, inductor), the rest eager")
+    return net
 
 
 def _fidelity(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -238,10 +254,12 @@ def time_variants(
     repeats: int,
     device: torch.device = torch.device("cpu"),
     log: Callable[[str], None] = print,
+    time_attention: bool = True,
 ) -> list[Row]:
     """Interleave the variants for each size, rotating their order every round; one warm-up round records the
     outputs and vanilla's attention share (with ``repeats=0`` that round is also the timed one, and vanilla's
-    time then includes the attention timer's small overhead).
+    time then includes the attention timer's small overhead). ``time_attention=False`` (compiled variants: a
+    graph traced under the timer's mode would be another graph than the timed rounds run) leaves the share out.
 
     Before each size after the first, the time is estimated from the previous size's warm-up round
     (scaled by the 1.5th power of the pixel ratio: between linear-in-tokens layers and quadratic attention).
@@ -264,7 +282,7 @@ def time_variants(
             shift = rep % len(variants)  # rotate the order each round: no variant always runs first
             for variant in variants[shift:] + variants[:shift]:
                 wait_while_paused()
-                timer = AttentionTimer(device) if rep == 0 and variant is variants[0] else None
+                timer = AttentionTimer(device) if time_attention and rep == 0 and variant is variants[0] else None
                 with peak_memory(device) as peak:
                     t0 = time.perf_counter()
                     if timer is not None:
@@ -331,7 +349,7 @@ def run_bench(
     small: bool = False,
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
-    compile: bool = False,
+    compile: str | None = None,
     blocks: int | None = None,
     steps: int = 0,
     frames: tuple[int, ...] = (),
@@ -347,8 +365,12 @@ def run_bench(
         raise ValueError(f"tomesd does not support {model} (it patches UNet BasicTransformerBlocks only); drop the tomesd rows")
     if any(s.accelerators for s in wanted) and not steps:
         raise ValueError("accelerators (+deepcache, +fbcache, ...) work on whole sampling loops: add --steps N")
-    if steps and compile:
-        raise ValueError("--steps times whole sampling loops without --compile")
+    if compile is not None and compile not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {compile!r}")
+    if steps and compile == "model":
+        raise ValueError("--steps: a whole sampling loop compiles block by block (--compile blocks), not as one model")
+    if compile and any(s.method == "tomesd" for s in wanted):
+        raise ValueError("--compile: tomesd's patched UNet does not trace (see tests/test_compile.py); drop the tomesd rows")
     if steps and model in UNETS and any(s.caches for s in wanted):
         raise ValueError(f"{model}: the step caches (+fbcache, +dbcache, ...) act on transformers; a UNet's is +deepcache")
     if steps and model in TRANSFORMERS and any(len(s.caches) < len(s.accelerators) for s in wanted):
@@ -364,31 +386,26 @@ def run_bench(
         with patched(net):
             # tomesd gets tokenmerge's level: its own default (1) merges nothing on SDXL.
             defaults["max_downsample"] = describe(net).denoisers[0].top_level
+    called = net if compile is None else _compile(net, compile, log)
+    suffix = "" if compile is None else f" (compiled {compile})"
     if steps and model in TRANSFORMERS:
         from .caches import Clock
 
         clock = Clock(steps)
-        variants = [Variant("vanilla", _looped(net, model, None, defaults, clock))]
-        variants += [Variant(s.name, _looped(net, model, s, defaults, clock)) for s in specs]
+        variants = [Variant("vanilla" + suffix, _looped(net, model, None, defaults, clock))]
+        variants += [Variant(s.name + suffix, _looped(net, model, s, defaults, clock)) for s in specs]
     elif steps:
         from .pipelines import latent_pipeline
 
         pipe = latent_pipeline(net)
-        variants = [Variant("vanilla", _sampled(pipe, None, defaults, steps))]
-        variants += [Variant(s.name, _sampled(pipe, s, defaults, steps)) for s in specs]
+        variants = [Variant("vanilla" + suffix, _sampled(pipe, None, defaults, steps))]
+        variants += [Variant(s.name + suffix, _sampled(pipe, s, defaults, steps)) for s in specs]
         pipe_inputs = lambda size: {"size_px": size, "seed": seed, "batch": batch // 2 or 1}  # noqa: E731 (CFG doubles it)
-        return time_variants(variants, {size: (lambda size=size: pipe_inputs(size)) for size in sizes_px}, repeats, net.device, log)
-    elif compile:
-        # Each variant is a patched copy of one architecture: with torch's default (hook guards skipped)
-        # the copies would all reuse the graph traced first, the vanilla one.
-        torch._dynamo.config.skip_nnmodule_hook_guards = False
-        variants = [Variant("vanilla (compiled)", _compiled(net, None, defaults))]
-        variants += [Variant(f"{s.name} (compiled)", _compiled(net, s, defaults)) for s in specs if s.method != "tomesd"]
-        if any(s.method == "tomesd" for s in specs):
-            log("--compile: tomesd is left out (its patched UNet does not trace: see tests/test_compile.py)")
+        sized = {size: (lambda size=size: pipe_inputs(size)) for size in sizes_px}
+        return time_variants(variants, sized, repeats, net.device, log, time_attention=compile is None)
     else:
-        variants = [Variant("vanilla", lambda inputs: _forward(net, inputs))]
-        variants += [Variant(s.name, _patched(net, s, defaults)) for s in specs]
+        variants = [Variant("vanilla" + suffix, lambda inputs: _forward(called, inputs))]
+        variants += [Variant(s.name + suffix, _patched(net, s, defaults, called)) for s in specs]
 
     example = None if model in UNETS else examples()[model][1]
     keys = bench_sizes(example, sizes_px, frames)
@@ -406,7 +423,8 @@ def run_bench(
             inputs = at_noise(inputs, scale, BENCH_NOISE)
         return {k: _to(v, net.device) for k, v in inputs.items()}
 
-    return time_variants(variants, {size: (lambda size=size: make_inputs(size)) for size in keys}, repeats, net.device, log)
+    sized = {size: (lambda size=size: make_inputs(size)) for size in keys}
+    return time_variants(variants, sized, repeats, net.device, log, time_attention=compile is None)
 
 
 def bench_sizes(example: Any, sizes_px: tuple[int | tuple[int, int], ...], frames: tuple[int, ...]) -> list[Size]:

@@ -73,7 +73,9 @@ def _bench(args: argparse.Namespace) -> int:
             )
         except ValueError as error:
             raise SystemExit(f"tokenmerge bench: error: {error}") from error
-        label = f"{describe_model(args.model, args.small, args.blocks)}, {args.dtype}{', compiled' if args.compile else ''}"
+        label = (
+            f"{describe_model(args.model, args.small, args.blocks)}, {args.dtype}{f', compiled ({args.compile})' if args.compile else ''}"
+        )
         if args.steps and args.model in UNETS:
             label += f", whole sampling loops of {args.steps} DDIM steps (CFG)"
         elif args.steps:
@@ -311,7 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ratio", type=float, default=DEFAULTS.ratio, help="ratio of the default tomesd/tome rows and of --comfyui")
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     bench.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
-    bench.add_argument("--compile", action="store_true", help="torch.compile each variant (a patched copy each; tomesd does not trace)")
+    bench.add_argument(
+        "--compile",
+        nargs="?",
+        const="model",
+        choices=("model", "blocks"),
+        help="torch.compile (inductor) the whole model (bare --compile) or its repeated blocks (diffusers' compile_repeated_blocks, "
+        "also in --steps loops); every variant runs through the one compiled model (tomesd does not trace)",
+    )
     bench.add_argument("--plot", metavar="PNG", help="also plot speed-up against size per variant (needs matplotlib)")
     bench.add_argument(
         "--cp",
