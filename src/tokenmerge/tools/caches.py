@@ -15,7 +15,11 @@ publish it, with the warm-up scaled to the short loops a CPU can time.
   ``"fast"`` steps mask, 11 of 28 steps, 5 of 8; TaylorSeer calibrator on the others). A fixed schedule, where
   ``fbcache`` decides by a residual threshold: on random weights (the bench) the residual moves more than any
   published threshold from step to step, so FirstBlockCache computes every step there; it is judged on the
-  trained reference models (``eval``).
+  trained reference models (``eval``);
+- ``dbcache-nocal``: the same DBCache without the calibrator (cached steps replay the last computed residual). The
+  calibrator extrapolates the residual's change between computed steps, and with ``tome`` that change holds ToMe's
+  error, which differs from step to step (the matching follows the tokens): on the Flux-style reference model
+  ToMe r=0.3 + ``dbcache`` loses 2.3 dB to ToMe r=0.5 alone, + ``dbcache-nocal`` gains 0.2 dB (docs/stacking.md).
 
 A cache's hooks read the loop's step through :class:`Clock` (the timestep on diffusers' 0-1000 scale) and need
 each model call inside ``model.cache_context`` (diffusers); :func:`step_context` gives it.
@@ -31,7 +35,7 @@ from typing import Any
 
 import torch
 
-CACHES = ("fbcache", "taylorseer", "magcache", "fastercache", "pab", "dbcache")
+CACHES = ("fbcache", "taylorseer", "magcache", "fastercache", "pab", "dbcache", "dbcache-nocal")
 NAMES = {
     "fbcache": "FirstBlockCache",
     "taylorseer": "TaylorSeer",
@@ -39,6 +43,7 @@ NAMES = {
     "fastercache": "FasterCache",
     "pab": "PAB",
     "dbcache": "cache-dit DBCache",
+    "dbcache-nocal": "cache-dit DBCache (no calibrator)",
 }
 
 
@@ -60,11 +65,11 @@ def enable_cache(model: torch.nn.Module, name: str, clock: Clock) -> Callable[[]
     off again (every hook removed)."""
     if name not in CACHES:
         raise ValueError(f"cache must be one of {', '.join(CACHES)}, got {name!r}")
-    if name != "dbcache" and not hasattr(model, "transformer_blocks") and not hasattr(model, "blocks"):
+    if not name.startswith("dbcache") and not hasattr(model, "transformer_blocks") and not hasattr(model, "blocks"):
         raise ValueError(
             f"+{name}: diffusers' step caches act on its transformers, not on a {type(model).__name__} (a UNet's is +deepcache)"
         )
-    if name == "dbcache":
+    if name.startswith("dbcache"):
         os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "warning")  # not its INFO lines in every table (read at import)
         import cache_dit
         from cache_dit import DBCacheConfig, TaylorSeerCalibratorConfig
@@ -81,7 +86,8 @@ def enable_cache(model: torch.nn.Module, name: str, clock: Clock) -> Callable[[]
             steps_computation_policy="static",
         )
         order = list(model._modules)
-        cache_dit.enable_cache(model, cache_config=config, calibrator_config=TaylorSeerCalibratorConfig(taylorseer_order=1))
+        calibrator = TaylorSeerCalibratorConfig(taylorseer_order=1) if name == "dbcache" else None
+        cache_dit.enable_cache(model, cache_config=config, calibrator_config=calibrator)
 
         def off() -> None:
             cache_dit.disable_cache(model)

@@ -308,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="time whole sampling loops of N steps instead of one forward (UNets: DDIM with CFG; transformers: "
         "flow-matching Euler); variants may then add accelerators: a UNet's auto+deepcache, tome:0.5+freeu, "
         "slicing; a transformer's step caches auto+fbcache, tome:0.5+taylorseer, magcache, fastercache, pab, "
-        "dbcache (cache-dit) (default 0: one forward)",
+        "dbcache (cache-dit; dbcache-nocal: without its calibrator) (default 0: one forward)",
     )
     bench.add_argument("--ratio", type=float, default=DEFAULTS.ratio, help="ratio of the default tomesd/tome rows and of --comfyui")
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N]")

@@ -4,7 +4,7 @@
 and any tokenmerge option after a comma: ``tome:0.5,share_plan=true,reuse_steps=3,match_dtype=bfloat16``;
 with ``+`` an accelerator for whole sampling loops (``bench --steps``, ``eval``): one of a UNet pipeline's
 (:mod:`tokenmerge.tools.pipelines`: ``deepcache``, ``freeu``, ``slicing``) or a transformer's step cache
-(:mod:`tokenmerge.tools.caches`: ``fbcache``, ``taylorseer``, ``magcache``, ``fastercache``, ``pab``, ``dbcache``):
+(:mod:`tokenmerge.tools.caches`: ``fbcache``, ``taylorseer``, ``magcache``, ``fastercache``, ``pab``, ``dbcache``, ``dbcache-nocal``):
 ``auto+deepcache``, ``tome:0.5+fbcache``, or an accelerator alone: ``dbcache``.
 """
 
