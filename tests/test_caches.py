@@ -117,3 +117,46 @@ def test_eval_runs_the_caches_on_the_reference_models(kind, configs):
         forward = vars(module).get("forward")
         assert forward is None or getattr(forward, "__func__", None) is type(module).forward
     assert tokenmerge.get_config(sampler.target) is None  # and the patch
+
+
+def _enable_deciding(model: torch.nn.Module, cache: str) -> None:
+    if cache == "fbcache":
+        from diffusers import FirstBlockCacheConfig
+
+        model.enable_cache(FirstBlockCacheConfig(threshold=0.08))
+        return
+    import cache_dit
+    from cache_dit import DBCacheConfig
+
+    # cache-dit's own setting (a residual threshold decides after the warm-up) with its first 2 blocks deciding;
+    # "static": its steps mask decides alone, no block's output is compared
+    masked = {"steps_computation_mask": cache_dit.steps_mask(total_steps=8, mask_policy="fast"), "steps_computation_policy": "static"}
+    config = DBCacheConfig(Fn_compute_blocks=2, Bn_compute_blocks=0, max_warmup_steps=2, **(masked if cache == "static" else {}))
+    cache_dit.enable_cache(model, cache_config=config)
+
+
+@pytest.mark.parametrize("cache,deciding", [("fbcache", [0]), ("dbcache", [0, 1]), ("static", [])])
+def test_tome_leaves_the_blocks_a_cache_decides_by_unmerged(cache, deciding):
+    """FirstBlockCache (its head block) and DBCache with a threshold (its first Fn blocks) compare a block's output
+    across steps to decide whether to run the rest; merged, that output carries ToMe's error, which moves from step to
+    step by more than the threshold, and the cache would reuse no step (the reference model: docs/stacking.md). Those
+    blocks run unmerged (said once), the others merged; under a static steps mask nothing is compared."""
+    model = build_model("flux", small=True)
+    _enable_deciding(model, cache)
+    inputs = transformer_inputs(model, "flux", 16, 16, batch=1, text_tokens=5)
+    blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
+    seen: dict[int, set[int]] = {i: set() for i in range(len(blocks))}
+    with tokenmerge.patched(model, ratio=0.5), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        handles = [  # after the patch's own hooks: what each attention is handed
+            b.attn.register_forward_pre_hook(lambda m, args, kwargs, i=i: seen[i].add(kwargs["hidden_states"].shape[1]), with_kwargs=True)
+            for i, b in enumerate(blocks)
+        ]
+        flow_loop(model, "flux", inputs, Clock(4))
+    for handle in handles:
+        handle.remove()
+    full = {i: 16 * 16 // 4 + (5 if i >= len(model.transformer_blocks) else 0) for i in seen}  # single stream: + text
+    assert [i for i in seen if seen[i] == {full[i]}] == deciding
+    assert all(max(seen[i]) < full[i] for i in seen if i not in deciding)
+    notices = [str(w.message) for w in caught if "decides by the output of" in str(w.message)]
+    assert len(notices) == (1 if deciding else 0) and all("tome leaves them unmerged" in n for n in notices), notices

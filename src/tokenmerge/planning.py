@@ -168,15 +168,21 @@ def decide(
     make_plan: Callable[[], MergePlan | None],
     whole: TokenGrid | None = None,
     noise: float | None = None,
+    decides_cache: bool = False,
 ) -> BlockAction:
     """The block's action: nothing (identity options, a level not patched, no grid, a step noisier than
     ``max_noise``), a key/value factor (todo/auto) or a merge plan (tome, from ``make_plan``, which may come from a
     cache). ``whole``: under sequence parallelism, the whole grid ``grid`` is one rank's part of; key/value factors
     are chosen on it, so that every rank and a single process choose the same. ``noise``: the call's noise level
-    (:func:`noise_level`; None where it is not read)."""
+    (:func:`noise_level`; None where it is not read). ``decides_cache``: a step cache compares this block's output
+    across steps to decide whether to run the blocks after it (:mod:`tokenmerge.hooks.step_caches`); ToMe's error
+    there changes from step to step by more than the cache's threshold, so tome leaves the block alone (todo/auto
+    downsample the same way at every step: their error moves with the tokens, and the cache still reuses steps)."""
     if config.is_identity or grid is None or not config.merges_level(level, top_level):
         return IDLE
     if noise is not None and noise > config.noise_limit + NOISE_TOLERANCE:
+        return IDLE
+    if config.method == "tome" and decides_cache:
         return IDLE
     if config.method != "tome":
         factors = kv_factors_for(config, whole or grid)

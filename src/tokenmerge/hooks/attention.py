@@ -23,7 +23,7 @@ from ..algorithms import TokenLayout, downsample_keys, downsample_mask_columns, 
 from . import dispatch
 from .calls import first_tensor
 from .state import BlockWarnings, PatchState
-from .tokens import caching_wrappers
+from .step_caches import caching_wrappers
 
 _SDPA = F.scaled_dot_product_attention
 _SDPA_NAMES = ("query", "key", "value", "attn_mask")

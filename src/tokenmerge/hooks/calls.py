@@ -17,6 +17,7 @@ from ..planning import IDLE, decide, kv_factors_for, merge_count, noise_level, p
 from . import dispatch
 from .parallel import ContextSplit, context_split
 from .state import BlockCall, BlockInfo, BlockWarnings, CallState, PatchState, in_backward
+from .step_caches import deciding_cache
 
 _INPUT_NAMES = ("hidden_states", "x", "sample")
 
@@ -217,7 +218,7 @@ class PlanBlock:
         if call is None:  # the block runs outside a call of its denoiser (called directly): leave it alone
             return None
         layout = call.containers[-1] if call.containers else None
-        block = call.running = BlockCall(self._decide(x, call, info, layout), layout, info=info)
+        block = call.running = BlockCall(self._decide(x, call, info, layout, module), layout, info=info)
         if not torch.compiler.is_compiling():  # (a compiled graph holds no recomputation to replay)
             call.blocks[info.index] = block
         if call.recomputing or not isinstance(x, torch.Tensor) or not torch.is_grad_enabled() or torch.compiler.is_compiling():
@@ -235,7 +236,7 @@ class PlanBlock:
         position = info.input.position
         return (*args[:position], x, *args[position + 1 :]), kwargs
 
-    def _decide(self, x: Any, call: CallState, info: Any, layout: TokenLayout | None):
+    def _decide(self, x: Any, call: CallState, info: Any, layout: TokenLayout | None, module: torch.nn.Module):
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or layout is None:
             quiet = layout is None and info.container in call.declined
             if not quiet and not call.config.is_identity and call.config.merges_level(info.level, self.patch.layout.top_level):
@@ -260,6 +261,7 @@ class PlanBlock:
             make_plan=lambda: self._plan(image_tokens(x, stream), grid, call, info),
             whole=None if shard is None else shard.whole,
             noise=call.noise,
+            decides_cache=self._decides_cache(call.config, module, info),
         )
         if shard is not None and action.kv_grid is not None and call.config.kv_interpolation.startswith("nearest"):
             keep, counts = shard.kept(action.kv_factors, call.config.kv_interpolation, x.device)
@@ -273,6 +275,19 @@ class PlanBlock:
             action = dataclasses.replace(action, kv_keep=keep)
         self._warn_if_void(call.config, shard.whole if shard is not None else grid, action, info)
         return action
+
+    def _decides_cache(self, config: TokenMergeConfig, module: torch.nn.Module, info: Any) -> bool:
+        """Whether a step cache decides by this block's output (under tome, said once: the block runs unmerged)."""
+        if config.method != "tome" or config.is_identity:
+            return False
+        decider = deciding_cache(self.patch.layout.root, module, info.index)
+        if decider is not None:
+            self.patch.notice(
+                "deciding cache",
+                f"{decider} whether to run the rest; merged, that output would carry ToMe's error, which changes from "
+                "step to step by more than the cache's threshold, and the cache would reuse no step: tome leaves them unmerged",
+            )
+        return decider is not None
 
     @staticmethod
     def _refused_on_shard(config: TokenMergeConfig, layout: TokenLayout) -> str | None:

@@ -10,19 +10,7 @@ import torch
 from ..algorithms import MergePlan, TokenLayout
 from .calls import first_tensor, replace_first
 from .state import BlockCall, BlockWarnings, PatchState
-
-# diffusers hooks (by the name they are registered under in a module's HookRegistry) that may skip a module and
-# return its output cached in an earlier call: under tome that output was computed on the merged tokens of that
-# call, and unmerging it with this call's plan would scramble it. (Block-level caches — FirstBlockCache, MagCache —
-# replay whole blocks, whose outputs are full-length: they compose.)
-REPLAYING_HOOKS = ("pyramid_attention_broadcast", "taylorseer_cache", "faster_cache_block")
-
-
-def caching_wrappers(module: torch.nn.Module) -> list[str]:
-    """The diffusers hooks on ``module`` that may return an output cached in an earlier call, by registry name."""
-    registry = getattr(module, "_diffusers_hook", None)
-    hooks = getattr(registry, "hooks", None) or {}
-    return [name for name in hooks if name in REPLAYING_HOOKS]
+from .step_caches import caching_wrappers
 
 
 def cached_span_notice(modules: list[torch.nn.Module], where: Callable[[], str]) -> str | None:
