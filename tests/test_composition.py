@@ -54,6 +54,25 @@ def test_accelerators_compose_with_tokenmerge(pipe, accelerator, first):
     assert torch.equal(_sample(pipe), vanilla)  # both removed: vanilla again
 
 
+def test_an_sdxl_pipeline_runs_deepcache_with_tokenmerge():
+    """The bench's latent pipeline around an SDXL UNet (its added conditioning built from random pooled embeddings):
+    DeepCache and tokenmerge each change the loop, together deterministically, and removed leave vanilla's."""
+    pytest.importorskip("DeepCache")
+    sdxl = latent_pipeline(build_unet("sdxl", small=True))
+    assert type(sdxl).__name__ == "StableDiffusionXLPipeline"
+    vanilla = _sample(sdxl)
+    off = enable(sdxl, "deepcache")
+    try:
+        alone = _sample(sdxl)
+        with tokenmerge.patched(sdxl, ratio=0.5):
+            both = _sample(sdxl)
+            assert torch.equal(_sample(sdxl), both)
+    finally:
+        off()
+    assert torch.isfinite(both).all() and not torch.equal(alone, vanilla) and not torch.equal(both, alone)
+    assert torch.equal(_sample(sdxl), vanilla)
+
+
 def _pab(unet, current):
     from diffusers import PyramidAttentionBroadcastConfig, apply_pyramid_attention_broadcast
 

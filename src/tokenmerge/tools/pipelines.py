@@ -23,8 +23,9 @@ PIPELINE_ACCELERATORS = tuple(PIPELINE_NAMES)
 
 
 def latent_pipeline(unet: torch.nn.Module) -> Any:
-    """A StableDiffusionPipeline around ``unet`` that runs without text encoder, tokenizer or decoding."""
-    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline
+    """A StableDiffusionPipeline around ``unet`` (a StableDiffusionXLPipeline around an SDXL UNet, whose added
+    conditioning it builds) that runs without text encoders, tokenizers or decoding."""
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
     vae = AutoencoderKL(
         block_out_channels=[8] * 4,
@@ -33,18 +34,22 @@ def latent_pipeline(unet: torch.nn.Module) -> Any:
         norm_num_groups=8,
         latent_channels=unet.config.in_channels,
     )
-    pipe = StableDiffusionPipeline(
-        vae=vae,
-        text_encoder=None,
-        tokenizer=None,
-        unet=unet,
-        scheduler=DDIMScheduler(),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
+    parts = {"vae": vae, "text_encoder": None, "tokenizer": None, "unet": unet, "scheduler": DDIMScheduler()}
+    if _pooled_dim(unet):
+        pipe = StableDiffusionXLPipeline(**parts, text_encoder_2=None, tokenizer_2=None, add_watermarker=False)
+    else:
+        pipe = StableDiffusionPipeline(**parts, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def _pooled_dim(unet: torch.nn.Module) -> int:
+    """The width of the pooled text embedding an SDXL-style UNet adds to its time embedding (0: none): its
+    ``text_time`` projection's input less the six size/crop conditions."""
+    config = unet.config
+    if config.addition_embed_type != "text_time":
+        return 0
+    return config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
 
 
 def sample_latents(pipe: Any, size_px: int, steps: int, seed: int = 0, batch: int = 1) -> torch.Tensor:
@@ -53,10 +58,17 @@ def sample_latents(pipe: Any, size_px: int, steps: int, seed: int = 0, batch: in
     dim = pipe.unet.config.cross_attention_dim
     embeds = torch.randn(batch, 77, dim, generator=g)
     negative = torch.randn(batch, 77, dim, generator=g)
+    pooled = {}
+    if width := _pooled_dim(pipe.unet):
+        pooled = {
+            "pooled_prompt_embeds": torch.randn(batch, width, generator=g),
+            "negative_pooled_prompt_embeds": torch.randn(batch, width, generator=g),
+        }
     with torch.inference_mode():
         return pipe(
             prompt_embeds=embeds,
             negative_prompt_embeds=negative,
+            **pooled,
             height=size_px,
             width=size_px,
             num_inference_steps=steps,
