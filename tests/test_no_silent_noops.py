@@ -117,3 +117,26 @@ def test_auto_leaving_every_block_alone_says_so_once():
         "token grid, 8x8 = 64 tokens, is at most auto_min_tokens=1024, where attention is cheap next to the rest (no "
         "speed-up, by design). For a speed-up at this size use method='tome' or 'todo', or a lower auto_min_tokens"
     ]
+
+
+def test_warnings_while_a_model_runs_point_at_the_line_that_ran_it(sd15_small):
+    """A notice raised by a hook inside torch's and diffusers' call stack is attributed to the user's line (here,
+    ``_run``'s), not to the hook: the depth between the two varies, so no fixed stacklevel could."""
+    inputs = sd_inputs(sd15_small, 16, 16)  # a small grid: auto leaves every block alone, and says so once
+    with tokenmerge.patched(sd15_small, method="auto"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _run(sd15_small, inputs)
+    found = [w for w in caught if "leaves every block" in str(w.message)]
+    assert len(found) == 1 and found[0].filename == __file__, [(w.filename, w.lineno) for w in found]
+
+
+def test_a_patchs_warnings_point_at_the_line_that_patched(sd15_small):
+    """Called directly or through ``patched()``'s context manager, apply_patch's warnings name the caller's line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokenmerge.apply_patch(sd15_small, method="todo", seed=3)
+        tokenmerge.remove_patch(sd15_small)
+        with tokenmerge.patched(sd15_small, method="todo", seed=3):
+            pass
+    found = [w for w in caught if "does not use seed=3" in str(w.message)]
+    assert len(found) == 2 and all(w.filename == __file__ for w in found), [(w.filename, w.lineno) for w in found]

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from .algorithms.randomness import fold_seed
+from .notices import warn_at_caller
 
 METHODS = ("tome", "todo", "auto")
 MATCH_DTYPES = ("float32", "float16", "bfloat16")
@@ -211,20 +211,19 @@ class TokenMergeConfig:
         factors = (1,) * max(0, rank - 3) + self.kv_factor
         return factors[-rank:]
 
-    def warn_if_capped(self, stacklevel: int = 3) -> None:
+    def warn_if_capped(self) -> None:
         """Warn (never cap silently) when ``ratio`` exceeds what the destination grid can reach."""
         if self.method == "tome" and self.ratio > self.max_ratio:
-            warnings.warn(
+            warn_at_caller(
                 f"tokenmerge: ratio={self.ratio} exceeds the reachable maximum 1 - 1/(sx*sy) = {self.max_ratio:g} "
-                f"for sx={self.sx}, sy={self.sy}; the effective ratio is {self.max_ratio:g}",
-                stacklevel=stacklevel,
+                f"for sx={self.sx}, sy={self.sy}; the effective ratio is {self.max_ratio:g}"
             )
 
-    def warn_if_ignored(self, stacklevel: int = 3) -> None:
+    def warn_if_ignored(self) -> None:
         """Warn about options set away from their defaults that the chosen method does not use."""
         changed = [f"{name}={getattr(self, name)!r}" for name in ignored_by(self.method) if getattr(self, name) != getattr(DEFAULTS, name)]
         if changed:
-            warnings.warn(f"tokenmerge: method={self.method!r} does not use {', '.join(changed)}; it has no effect", stacklevel=stacklevel)
+            warn_at_caller(f"tokenmerge: method={self.method!r} does not use {', '.join(changed)}; it has no effect")
 
     @property
     def is_identity(self) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +12,7 @@ from .config import DEFAULTS, TOMESD_PARAMETERS, TokenMergeConfig, check_option_
 from .families import discover, get, roots_of
 from .hooks import PatchState, install, states_in, states_of, uninstall
 from .hooks.attention import projections_fused
+from .notices import warn_at_caller
 
 
 def _patched_states(model: Any) -> list[tuple[torch.nn.Module, PatchState]]:
@@ -43,16 +43,15 @@ def _all_modules(model: Any) -> list[torch.nn.Module]:
 
 
 def _warn_if_ineffective(states: list[PatchState], config: TokenMergeConfig) -> None:
-    config.warn_if_capped(stacklevel=4)
-    config.warn_if_ignored(stacklevel=4)
+    config.warn_if_capped()
+    config.warn_if_ignored()
     levels = sorted({b.level for s in states for b in s.blocks})
     if not config.is_identity and not any(
         config.merges_level(level, s.layout.top_level) for s in states for level in {b.level for b in s.blocks}
     ):
-        warnings.warn(
+        warn_at_caller(
             f"tokenmerge: no transformer block is merged: max_downsample={config.max_downsample} but this model's "
-            f"attention blocks sit at downsampling factors {levels}; use max_downsample=None (auto) or >= {levels[0]}",
-            stacklevel=3,
+            f"attention blocks sit at downsampling factors {levels}; use max_downsample=None (auto) or >= {levels[0]}"
         )
 
 
@@ -77,12 +76,11 @@ def _warn_if_unreachable(states: list[PatchState], config: TokenMergeConfig) -> 
         }
     )
     if found:
-        warnings.warn(
+        warn_at_caller(
             f"tokenmerge: method={config.method!r} downsamples keys and values at torch's scaled_dot_product_attention or "
             f"diffusers' dispatch_attention_fn; the attention processor(s) {', '.join(found)} compute attention another way, "
             "so their keys and values stay full (set the default processor, e.g. pipe.unet.set_default_attn_processor(), "
-            "or use method='tome')",
-            stacklevel=3,
+            "or use method='tome')"
         )
 
 
@@ -144,18 +142,17 @@ def apply_patch(
     found = discover(model)
     _check_for_layouts(config, found.layouts)
     if _remove_tomesd(found.modules):
-        warnings.warn("tokenmerge: this model was patched by tomesd; that patch is removed and replaced", stacklevel=2)
+        warn_at_caller("tokenmerge: this model was patched by tomesd; that patch is removed and replaced")
     for root, patch in states_of(found.modules):
         uninstall(root, patch)
     states = [install(layout, config) for layout in found.layouts]
     _warn_if_ineffective(states, config)
     _warn_if_unreachable(states, config)
     if found.compiled:
-        warnings.warn(
+        warn_at_caller(
             f"tokenmerge: {', '.join(found.compiled)} is already wrapped by torch.compile; graphs compiled before this patch "
             "ignore it (torch skips module-hook guards by default). Patch before compiling, or call "
-            "torch._dynamo.reset() after patching, or set torch._dynamo.config.skip_nnmodule_hook_guards = False",
-            stacklevel=2,
+            "torch._dynamo.reset() after patching, or set torch._dynamo.config.skip_nnmodule_hook_guards = False"
         )
     return model
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from ..algorithms import TokenGrid, TokenLayout
+from ..notices import warn_at_caller
 
 LayoutReader = Callable[[tuple, dict], "TokenLayout | Declined | None"]  # picklable classes (ImageGrid, IdsLayout, ...)
 
@@ -536,9 +536,8 @@ class IdsLayout:
         if grids is None:
             if not self.warned:
                 self.warned = True
-                warnings.warn(
+                warn_at_caller(
                     f"tokenmerge: the {x.shape[1]} image tokens' ids do not form row-major grids (one per image); such calls run unchanged",
-                    stacklevel=2,
                 )
             return DECLINED
         return TokenLayout.joint(self.order, grids[0], text_length(self.text(args, kwargs)), grids[1:])

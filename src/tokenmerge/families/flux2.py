@@ -12,12 +12,12 @@ keys keep their exact positions; a merged token takes its destination's rows). T
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 
 from ..algorithms import TokenLayout
+from ..notices import warn_at_caller
 from . import Example, Family
 from .base import DECLINED, Argument, Container, DenoiserLayout, Follow, IdsLayout, fused_parallel_block, joint_block
 
@@ -35,7 +35,7 @@ class Flux2Layout(IdsLayout):
         if self.cache_mode(args, kwargs) is not None:
             if not self.warned:
                 self.warned = True
-                warnings.warn("tokenmerge: Flux.2 calls with a key/value cache (kv_cache_mode) run unchanged", stacklevel=2)
+                warn_at_caller("tokenmerge: Flux.2 calls with a key/value cache (kv_cache_mode) run unchanged")
             return DECLINED
         return super().__call__(args, kwargs)
 

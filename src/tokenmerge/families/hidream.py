@@ -27,12 +27,12 @@ per sample) run unchanged, with a warning.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 
 from ..algorithms import Segment, TokenGrid, TokenLayout
+from ..notices import warn_at_caller
 from . import Example, Family
 from .base import (
     DECLINED,
@@ -79,9 +79,8 @@ class HiDreamLayout:
         if x.ndim != 4 or self.masks(args, kwargs) is not None:
             if not self.warned:
                 self.warned = True
-                warnings.warn(
+                warn_at_caller(
                     "tokenmerge: HiDream calls with pre-patchified hidden_states (hidden_states_masks, img_ids, img_sizes) run unchanged",
-                    stacklevel=2,
                 )
             return DECLINED
         p = self.patch_size

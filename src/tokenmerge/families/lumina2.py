@@ -20,12 +20,12 @@ grouped-query repeat.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 
 from ..algorithms import TokenGrid, TokenLayout
+from ..notices import warn_at_caller
 from . import Example, Family
 from .base import (
     DECLINED,
@@ -77,10 +77,9 @@ class Lumina2Layout:
         if len(lengths) != 1:
             if not self.warned:
                 self.warned = True
-                warnings.warn(
+                warn_at_caller(
                     f"tokenmerge: Lumina2 calls whose samples have captions of different lengths ({sorted(lengths)} tokens) "
                     "run unchanged: the image starts after each sample's caption, at an offset of its own",
-                    stacklevel=2,
                 )
             return DECLINED
         p = self.patch_size

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from typing import Any
 
 import torch
 
 from ..algorithms import TokenGrid, TokenLayout
+from ..notices import warn_at_caller
 from . import Example, Family
 from .base import DECLINED, Argument, ComfyModel, Container, DenoiserLayout, Follow, config_int, joint_block, text_length
 
@@ -77,7 +77,7 @@ class ImageShapes:
     def _warn(self, cause: str, message: str) -> None:
         if cause not in self.warned:
             self.warned.add(cause)
-            warnings.warn(f"tokenmerge: Qwen-Image: {message}; such calls run unchanged", stacklevel=3)
+            warn_at_caller(f"tokenmerge: Qwen-Image: {message}; such calls run unchanged")
 
     def _grid(self, shape: tuple[int, ...]) -> TokenGrid:
         frames, h, w = shape

@@ -23,12 +23,12 @@ transformer; blocks called outside a transformer call run unchanged).
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import torch
 
 from ..algorithms import Segment, TokenGrid, TokenLayout
+from ..notices import warn_at_caller
 from . import Example, Family
 from .base import DECLINED, Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span
 
@@ -69,7 +69,7 @@ class ZImageLayout:
     def _warn(self, key: str, message: str) -> None:
         if key not in self.warned:
             self.warned.add(key)
-            warnings.warn(f"tokenmerge: Z-Image {message}; such calls run unchanged", stacklevel=3)
+            warn_at_caller(f"tokenmerge: Z-Image {message}; such calls run unchanged")
 
     def __call__(self, args: tuple, kwargs: dict) -> TokenLayout | None:
         x, text = self.x(args, kwargs), self.text(args, kwargs)

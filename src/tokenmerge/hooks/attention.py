@@ -167,7 +167,7 @@ class CloseKeyValueMode:
                 else "its attention is neither torch's scaled_dot_product_attention nor a diffusers dispatch backend, or its "
                 f"keys are not the {mode.layout.total} tokens of its call's layout ({mode.layout})"
             )
-            self.warnings.warn_once(f"keys and values were not downsampled: {reason}", stacklevel=3)
+            self.warnings.warn_once(f"keys and values were not downsampled: {reason}")
 
 
 class DownsampleProjectionInput:

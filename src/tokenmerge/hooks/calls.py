@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import Any
 
 import torch
@@ -13,11 +12,12 @@ from ..algorithms import MergePlan, TokenGrid, TokenLayout, shard_layout
 from ..config import TokenMergeConfig
 from ..families import get as get_family
 from ..families.base import Declined
+from ..notices import warn_at_caller
 from ..planning import IDLE, decide, kv_factors_for, merge_count, noise_level, plan_merge
 from . import dispatch
 from .parallel import ContextSplit, context_split
 from .state import BlockCall, BlockInfo, BlockWarnings, CallState, PatchState, in_backward
-from .step_caches import deciding_cache
+from .step_caches import deciding_cache, extrapolating_cache
 
 _INPUT_NAMES = ("hidden_states", "x", "sample")
 
@@ -77,8 +77,22 @@ class BeginCall:
         if patch.routes_dispatch and not torch.compiler.is_compiling():
             dispatch.ensure_wrapped()  # once per call: backends registered (cache-dit) after the patch get the route too
         patch.push(call)
+        if config.method == "tome" and not config.is_identity and not torch.compiler.is_compiling():
+            self._notice_extrapolation()
         if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and not torch.compiler.is_compiling():
             patch.record(x, call)
+
+    def _notice_extrapolation(self) -> None:
+        """A step cache forecasting its residuals under tome is said once: it runs, but loses more than either alone."""
+        calibrator = extrapolating_cache(self.patch.layout.root)
+        if calibrator is not None:
+            self.patch.notice(
+                "extrapolating cache",
+                f"{calibrator} forecasts the cached blocks' residual from its change between computed steps; under "
+                "tome that change holds ToMe's error, which differs from step to step, and the forecast magnifies it "
+                "(Flux-style reference, r=0.3: 2.3 dB below ToMe r=0.5 alone; +0.2 dB above it without the calibrator). "
+                "Enable the cache with calibrator_config=None, or use method='auto'",
+            )
 
     def _noise(self, t: torch.Tensor | None, config: TokenMergeConfig) -> float | None:
         """The call's noise level where ``max_noise`` needs it (one host read; not inside a compiled graph)."""
@@ -125,12 +139,11 @@ class EndCall:
             return
         self.patch.auto_idle_noticed = self.patch.epoch
         largest = max(grids, key=lambda g: g.numel)
-        warnings.warn(
+        warn_at_caller(
             f"tokenmerge: method='auto' leaves every block of this {type(module).__name__} unchanged at this size: its "
             f"largest token grid, {largest} = {largest.numel} tokens, is at most auto_min_tokens={call.config.auto_min_tokens}, "
             "where attention is cheap next to the rest (no speed-up, by design). For a speed-up at this size use method='tome' "
             "or 'todo', or a lower auto_min_tokens",
-            stacklevel=2,
         )
 
 

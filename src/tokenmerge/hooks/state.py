@@ -16,7 +16,6 @@ call by that input and replay its decisions; without a record a recompute raises
 from __future__ import annotations
 
 import threading
-import warnings
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..algorithms import TokenLayout
 from ..config import TokenMergeConfig
+from ..notices import warn_at_caller
 from ..planning import BlockAction
 from . import dispatch
 
@@ -122,10 +122,10 @@ class BlockWarnings:
         self.block = block
         self.warned = False
 
-    def warn_once(self, message: str, stacklevel: int = 4) -> None:
+    def warn_once(self, message: str) -> None:
         if not self.warned:
             self.warned = True
-            warnings.warn(f"tokenmerge: transformer block {self.block}: {message}", stacklevel=stacklevel)
+            warn_at_caller(f"tokenmerge: transformer block {self.block}: {message}")
 
 
 class PatchState:
@@ -152,7 +152,7 @@ class PatchState:
         spans) is said once per topic and options."""
         if self.noticed.get(topic) != self.epoch:
             self.noticed[topic] = self.epoch
-            warnings.warn(f"tokenmerge: {type(self.layout.root).__name__}: {message}", stacklevel=4)
+            warn_at_caller(f"tokenmerge: {type(self.layout.root).__name__}: {message}")
 
     def set_config(self, config: TokenMergeConfig) -> None:
         """New options for the calls that begin from now on; cached matchings are dropped."""

@@ -10,6 +10,9 @@ registry and the attributes cache-dit sets, never by importing either.
   decides (its first ``Fn_compute_blocks`` blocks). Under ``tome`` that output carries ToMe's error, which differs
   from step to step (the matching follows the tokens; the random partition is drawn per step) by more than the
   threshold, so the cache would reuse no step; such a block runs unmerged (:func:`tokenmerge.planning.decide`).
+- *Extrapolating* caches forecast a cached residual from its change between computed steps: cache-dit's calibrators
+  (TaylorSeer, FoCa). Under ``tome`` that change holds ToMe's error, different at each step, and the forecast
+  magnifies it; the combination runs, and is said once (:class:`tokenmerge.hooks.calls.BeginCall`).
 """
 
 from __future__ import annotations
@@ -52,9 +55,20 @@ def deciding_cache(root: torch.nn.Module, block: torch.nn.Module, index: int) ->
     return f"cache-dit's DBCache decides by the output of its first {config.Fn_compute_blocks} blocks (Fn_compute_blocks)"
 
 
+def extrapolating_cache(root: torch.nn.Module) -> str | None:
+    """The calibrator by which cache-dit forecasts ``root``'s cached residuals, named (None: none is enabled)."""
+    calibrator = _cache_dit_kwargs(root).get("calibrator_config")
+    if not (getattr(calibrator, "enable_calibrator", False) or getattr(calibrator, "enable_encoder_calibrator", False)):
+        return None
+    return f"cache-dit's {getattr(calibrator, 'calibrator_type', 'taylorseer')} calibrator"
+
+
 def _cache_dit_config(root: torch.nn.Module) -> Any:
     """The cache config cache-dit's ``enable_cache`` attached to a transformer (None: it is not cached by cache-dit)."""
-    if not vars(root).get("_is_cached", False):
-        return None
-    kwargs = vars(root).get("_context_kwargs")
-    return kwargs.get("cache_config") if isinstance(kwargs, dict) else None
+    return _cache_dit_kwargs(root).get("cache_config")
+
+
+def _cache_dit_kwargs(root: torch.nn.Module) -> dict[str, Any]:
+    """The context options cache-dit's ``enable_cache`` attached to a transformer (empty: not cached by cache-dit)."""
+    kwargs = vars(root).get("_context_kwargs") if vars(root).get("_is_cached", False) else None
+    return kwargs if isinstance(kwargs, dict) else {}

@@ -34,6 +34,7 @@ import torch
 from ..algorithms import MergePlan, TokenGrid, downsample_tokens
 from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig
 from ..families import ldm
+from ..notices import warn_at_caller
 from ..planning import IDLE, block_key, decide, plan_merge
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
@@ -115,9 +116,8 @@ class SharedPatch:
         noise = comfy_noise(model_sampling, sigma)
         if noise is None and not self._noise_warned:
             self._noise_warned = True
-            warnings.warn(
+            warn_at_caller(
                 f"tokenmerge: this step's noise level cannot be read, so max_noise={self.config.noise_limit:g} cannot act: every step is reduced",
-                stacklevel=4,
             )
         return noise
 
@@ -167,10 +167,9 @@ class ComfyTokenMerge(SharedPatch):
         if found is None:
             if not self._warned:
                 self._warned = True
-                warnings.warn(
+                warn_at_caller(
                     f"tokenmerge: {n.shape[1]} tokens match no level of a {tuple(extra_options['original_shape'][-2:])} "
                     "latent; such blocks are not merged",
-                    stacklevel=2,
                 )
             return None, 0
         return found

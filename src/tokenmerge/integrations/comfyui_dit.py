@@ -32,6 +32,7 @@ from ..algorithms import TokenGrid, downsample_keys, downsample_mask_columns
 from ..algorithms.downsample import kept_columns
 from ..config import TokenMergeConfig
 from ..families import ComfyModel, comfy_model_of
+from ..notices import warn_at_caller
 from ..planning import BlockAction, decide
 from .comfyui import SharedPatch
 
@@ -145,7 +146,7 @@ class DitKeyValues(SharedPatch):
     def _warn(self, message: str) -> None:
         if not self._warned:
             self._warned = True
-            warnings.warn(f"tokenmerge: {self.model.title}: {message}; such calls run unchanged", stacklevel=4)
+            warn_at_caller(f"tokenmerge: {self.model.title}: {message}; such calls run unchanged")
 
 
 def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
