@@ -119,7 +119,7 @@ def test_eval_runs_the_caches_on_the_reference_models(kind, configs):
     assert tokenmerge.get_config(sampler.target) is None  # and the patch
 
 
-def _enable_deciding(model: torch.nn.Module, cache: str) -> None:
+def _enable_deciding(model: torch.nn.Module, cache: str, first: int) -> None:
     if cache == "fbcache":
         from diffusers import FirstBlockCacheConfig
 
@@ -131,19 +131,24 @@ def _enable_deciding(model: torch.nn.Module, cache: str) -> None:
     # cache-dit's own setting (a residual threshold decides after the warm-up) with its first 2 blocks deciding;
     # "static": its steps mask decides alone, no block's output is compared
     masked = {"steps_computation_mask": cache_dit.steps_mask(total_steps=8, mask_policy="fast"), "steps_computation_policy": "static"}
-    config = DBCacheConfig(Fn_compute_blocks=2, Bn_compute_blocks=0, max_warmup_steps=2, **(masked if cache == "static" else {}))
+    config = DBCacheConfig(Fn_compute_blocks=first, Bn_compute_blocks=0, max_warmup_steps=2, **(masked if cache == "static" else {}))
     cache_dit.enable_cache(model, cache_config=config)
 
 
-@pytest.mark.parametrize("cache,deciding", [("fbcache", [0]), ("dbcache", [0, 1]), ("static", [])])
-def test_tome_leaves_the_blocks_a_cache_decides_by_unmerged(cache, deciding):
-    """FirstBlockCache (its head block) and DBCache with a threshold (its first Fn blocks) compare a block's output
-    across steps to decide whether to run the rest; merged, that output carries ToMe's error, which moves from step to
-    step by more than the threshold, and the cache would reuse no step (the reference model: docs/stacking.md). Those
-    blocks run unmerged (said once), the others merged; under a static steps mask nothing is compared."""
-    model = build_model("flux", small=True)
-    _enable_deciding(model, cache)
-    inputs = transformer_inputs(model, "flux", 16, 16, batch=1, text_tokens=5)
+@pytest.mark.parametrize(
+    "family,cache,first,deciding",
+    [("flux", "fbcache", 0, [0]), ("flux", "dbcache", 2, [0, 1]), ("flux", "static", 2, []), ("chroma", "dbcache", 1, [0, 1])],
+    ids=["fbcache", "dbcache", "static", "dbcache-per-list"],
+)
+def test_tome_leaves_the_blocks_a_cache_decides_by_unmerged(family, cache, first, deciding):
+    """FirstBlockCache (its head block) and DBCache with a threshold (the first Fn blocks of each list it caches:
+    Flux's lists joined into one, Chroma's two with a cache context each) compare a block's output across steps to
+    decide whether to run the rest; merged, that output carries ToMe's error, which moves from step to step by more
+    than the threshold, and the cache would reuse no step (the reference model: docs/stacking.md). Those blocks run
+    unmerged (said once), the others merged; under a static steps mask nothing is compared."""
+    model = build_model(family, small=True)
+    _enable_deciding(model, cache, first)
+    inputs = transformer_inputs(model, family, 16, 16, batch=1, text_tokens=5)
     blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
     seen: dict[int, set[int]] = {i: set() for i in range(len(blocks))}
     with tokenmerge.patched(model, ratio=0.5), warnings.catch_warnings(record=True) as caught:
@@ -152,7 +157,7 @@ def test_tome_leaves_the_blocks_a_cache_decides_by_unmerged(cache, deciding):
             b.attn.register_forward_pre_hook(lambda m, args, kwargs, i=i: seen[i].add(kwargs["hidden_states"].shape[1]), with_kwargs=True)
             for i, b in enumerate(blocks)
         ]
-        flow_loop(model, "flux", inputs, Clock(4))
+        flow_loop(model, family, inputs, Clock(4))
     for handle in handles:
         handle.remove()
     full = {i: 16 * 16 // 4 + (5 if i >= len(model.transformer_blocks) else 0) for i in seen}  # single stream: + text

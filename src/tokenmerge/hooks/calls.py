@@ -17,7 +17,7 @@ from ..planning import IDLE, decide, kv_factors_for, merge_count, noise_level, p
 from . import dispatch
 from .parallel import ContextSplit, context_split
 from .state import BlockCall, BlockInfo, BlockWarnings, CallState, PatchState, in_backward
-from .step_caches import deciding_cache, extrapolating_cache
+from .step_caches import cache_dit_lists, deciding_cache, extrapolating_cache
 
 _INPUT_NAMES = ("hidden_states", "x", "sample")
 
@@ -78,6 +78,7 @@ class BeginCall:
             dispatch.ensure_wrapped()  # once per call: backends registered (cache-dit) after the patch get the route too
         patch.push(call)
         if config.method == "tome" and not config.is_identity and not torch.compiler.is_compiling():
+            call.cache_lists = cache_dit_lists(patch.layout.root)  # (before cache-dit's forward swaps them)
             self._notice_extrapolation()
         if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and not torch.compiler.is_compiling():
             patch.record(x, call)
@@ -274,7 +275,7 @@ class PlanBlock:
             make_plan=lambda: self._plan(image_tokens(x, stream), grid, call, info),
             whole=None if shard is None else shard.whole,
             noise=call.noise,
-            decides_cache=self._decides_cache(call.config, module, info),
+            decides_cache=self._decides_cache(call, module, info),
         )
         if shard is not None and action.kv_grid is not None and call.config.kv_interpolation.startswith("nearest"):
             keep, counts = shard.kept(action.kv_factors, call.config.kv_interpolation, x.device)
@@ -289,11 +290,12 @@ class PlanBlock:
         self._warn_if_void(call.config, shard.whole if shard is not None else grid, action, info)
         return action
 
-    def _decides_cache(self, config: TokenMergeConfig, module: torch.nn.Module, info: Any) -> bool:
+    def _decides_cache(self, call: CallState, module: torch.nn.Module, info: Any) -> bool:
         """Whether a step cache decides by this block's output (under tome, said once: the block runs unmerged)."""
-        if config.method != "tome" or config.is_identity:
+        if call.config.method != "tome" or call.config.is_identity:
             return False
-        decider = deciding_cache(self.patch.layout.root, module, info.index)
+        lists = None if torch.compiler.is_compiling() else call.cache_lists
+        decider = deciding_cache(self.patch.layout.root, module, info.index, lists)
         if decider is not None:
             self.patch.notice(
                 "deciding cache",

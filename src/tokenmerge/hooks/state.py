@@ -76,6 +76,7 @@ class CallState:
     recomputing: bool = False
     split: Any = None  # hooks.parallel.ContextSplit: the context-parallel split this call runs under, if any
     noise: float | None = None  # the call's noise level where max_noise needs it (planning.noise_level)
+    cache_lists: Any = None  # hooks.step_caches.cache_dit_lists of the denoiser, read as the call began (tome only)
 
 
 class _Anchor(torch.autograd.Function):
