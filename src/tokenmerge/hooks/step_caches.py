@@ -71,12 +71,11 @@ def cache_dit_lists(root: torch.nn.Module) -> CacheDitLists | None:
     Read at the call's start: inside the forward, cache-dit swaps the lists for its wrappers."""
     if not _cache_dit_kwargs(root):
         return None
-    lists = {
-        id(block): (name, position, _cache_dit_kwargs(child, cached=True).get("cache_config"))
-        for name, child in root.named_children()
-        if isinstance(child, torch.nn.ModuleList) and _cache_dit_kwargs(child, cached=True)
-        for position, block in enumerate(child)
-    }
+    lists: CacheDitLists = {}
+    for name, child in root.named_children():
+        kwargs = _cache_dit_kwargs(child, cached=True) if isinstance(child, torch.nn.ModuleList) else {}
+        if kwargs:
+            lists.update((id(block), (name, position, kwargs.get("cache_config"))) for position, block in enumerate(child))
     return lists or None
 
 
