@@ -128,7 +128,7 @@ def _enable_deciding(model: torch.nn.Module, cache: str, first: int) -> None:
     import cache_dit
     from cache_dit import DBCacheConfig
 
-    # cache-dit's own setting (a residual threshold decides after the warm-up) with its first 2 blocks deciding;
+    # cache-dit's own setting (a residual threshold decides after the warm-up) with its first `first` blocks deciding;
     # "static": its steps mask decides alone, no block's output is compared
     masked = {"steps_computation_mask": cache_dit.steps_mask(total_steps=8, mask_policy="fast"), "steps_computation_policy": "static"}
     config = DBCacheConfig(Fn_compute_blocks=first, Bn_compute_blocks=0, max_warmup_steps=2, **(masked if cache == "static" else {}))
