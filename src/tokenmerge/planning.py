@@ -142,9 +142,10 @@ def plan_merge(
 ) -> MergePlan | None:
     """Match the (B, N, C) tokens ``x`` of ``grid`` and return how to merge ``int(N*ratio)`` of them (or None).
 
-    ``shared_by_batch``: one plan for all samples (where a position table shared by the batch must follow
-    the merge, as Flux's rotary table), matched on the mean of the samples' normalised tokens, with the
-    first sample's timestep for the random partition.
+    Each sample is matched on its own tokens (an image's result does not depend on the others of its batch).
+    ``shared_by_batch``: one plan for all samples instead, matched on the mean of the samples' normalised tokens,
+    with the first sample's timestep for the random partition: the fallback where a model's attention code takes
+    a position table shared by the batch in a way per-sample rows cannot reach (:class:`tokenmerge.hooks.tokens.SampleRows`).
     """
     metric = batch_metric(x.detach()) if shared_by_batch else x
     if shared_by_batch and timestep is not None:

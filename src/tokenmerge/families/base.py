@@ -126,7 +126,6 @@ class BlockLayout:
     kv_sites: list[KeyValueSite] = field(default_factory=list)
     input_name: str = "hidden_states"  # the tokens the matching is computed on (their image segment)
     input_stream: str = "image"
-    plan_shared_by_batch: bool = False  # a position table shared by the batch follows the merge (Flux)
     recompute_method: str | None = None  # ldm/sgm: the method their own checkpoint re-runs in backward
     kind: str = ""  # for describe(): "BasicTransformerBlock", "JointTransformerBlock", ...
 
@@ -345,7 +344,6 @@ def self_cross_block(
     *,
     names: tuple[str, str, str] = ("attn1", "attn2", "ffn"),
     follows: tuple[Follow, ...] = (),
-    shared_by_batch: bool = False,
     input_name: str = "hidden_states",
 ) -> BlockLayout:
     """A DiT block of self-attention, cross-attention to the text and MLP on the image tokens alone, with positions
@@ -359,7 +357,7 @@ def self_cross_block(
             bound = tuple((sub, f) for f in follows) if option == "merge_attn" else ()
             spans.append(Span(option, sub, sub, follows=bound, name=name))
     kv = [KeyValueSite(_module(block, names[0]), stream="image")]
-    return BlockLayout(block, spans, kv, input_name=input_name, plan_shared_by_batch=shared_by_batch, kind=type(block).__name__)
+    return BlockLayout(block, spans, kv, input_name=input_name, kind=type(block).__name__)
 
 
 def _module(block: torch.nn.Module, name: str | None) -> torch.nn.Module | None:
@@ -383,7 +381,6 @@ def joint_block(
     mlps: tuple[str, ...] = ("ff",),
     follows: tuple[Follow, ...] = (),
     projections: bool = False,
-    shared_by_batch: bool = False,
 ) -> BlockLayout:
     """A dual-stream block (MMDiT): image and text streams with their own weights meet in one joint attention.
 
@@ -403,7 +400,7 @@ def joint_block(
         mlp = _module(block, name)
         if mlp is not None:
             spans.append(Span("merge_mlp", mlp, mlp, name=name))
-    return BlockLayout(block, spans, kv, plan_shared_by_batch=shared_by_batch, kind=type(block).__name__)
+    return BlockLayout(block, spans, kv, kind=type(block).__name__)
 
 
 def single_stream_block(
@@ -415,7 +412,6 @@ def single_stream_block(
     attention: str = "attn",
     input_stream: str = "image",
     follows: tuple[Follow, ...] = (),
-    shared_by_batch: bool = False,
 ) -> BlockLayout:
     """A single-stream block (Flux's): attention and MLP in parallel on one normalised joint sequence, merged from
     ``enter``'s output (element ``enter_index``) to ``leave``'s output. ``input_stream``: what the block's
@@ -431,7 +427,7 @@ def single_stream_block(
         follows=tuple((attn, f) for f in follows),
         name="attn+mlp",
     )
-    return _single_span_block(block, span, attn, input_stream, shared_by_batch)
+    return _single_span_block(block, span, attn, input_stream)
 
 
 def fused_parallel_block(
@@ -440,23 +436,21 @@ def fused_parallel_block(
     attention: str = "attn",
     input_stream: str = "joint",
     follows: tuple[Follow, ...] = (),
-    shared_by_batch: bool = False,
 ) -> BlockLayout:
     """A single-stream block whose MLP is fused into its attention module (Flux.2's parallel self-attention): the
     module takes the normalised joint sequence and returns attention and MLP together, so one span covers it."""
     attn = getattr(block, attention)
     span = Span("merge_attn", attn, attn, stream="joint", follows=tuple((attn, f) for f in follows), name=f"{attention} (+mlp)")
-    return _single_span_block(block, span, attn, input_stream, shared_by_batch)
+    return _single_span_block(block, span, attn, input_stream)
 
 
-def _single_span_block(block: torch.nn.Module, span: Span, attn: torch.nn.Module, input_stream: str, shared: bool) -> BlockLayout:
+def _single_span_block(block: torch.nn.Module, span: Span, attn: torch.nn.Module, input_stream: str) -> BlockLayout:
     """A single-stream block: one merged span over the joint sequence, its attention's keys and values reducible."""
     return BlockLayout(
         block,
         [span],
         [KeyValueSite(attn, stream="joint")],
         input_stream=input_stream,
-        plan_shared_by_batch=shared,
         kind=type(block).__name__,
     )
 
@@ -485,6 +479,31 @@ def spatial_blocks(container: torch.nn.Module) -> list[torch.nn.Module]:
     return [b for b in blocks if has_class_named(b, "BasicTransformerBlock")]
 
 
+class HostReads:
+    """What a layout reader computed from a tensor by a host read (a sync with the device), kept while the same data
+    is passed again: pipelines pass one ids tensor at every step, so the read happens once per generation.
+
+    The data is known by its address, shape, strides and device, with the tensor held (so that its memory cannot be
+    reused by another tensor while it is kept) and its version counter, which an in-place change bumps. Inference
+    tensors (made under ``torch.inference_mode()``, as pipelines and ComfyUI make them) have no version counter: for
+    them the address alone counts (they can only be changed in place inside inference mode, which a pipeline does not
+    do to the ids it passes)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[torch.Tensor, tuple, Any] | None = None
+
+    def __call__(self, t: torch.Tensor, read: Callable[[torch.Tensor], Any]) -> Any:
+        version = None if t.is_inference() else t._version
+        key = (t.data_ptr(), version, tuple(t.shape), t.stride(), str(t.device))
+        last = self._last
+        if last is None or last[1] != key:
+            last = self._last = (t, key, read(t))
+        return last[2]
+
+    def __getstate__(self) -> dict:
+        return {"_last": None}
+
+
 class IdsLayout:
     """The layout of a call whose image tokens carry position ids (Flux.1, Flux.2, Chroma): ``ids`` (S, k) or
     (B, S, k) rows with the token's row and column in columns ``row`` / ``col`` and, in column ``segment``, which
@@ -505,7 +524,7 @@ class IdsLayout:
         self.ids, self.text, self.tokens = Argument(root, ids), Argument(root, text), Argument(root, tokens)
         self.order, self.row, self.col, self.segment = order, row, col, segment
         self.warned = False
-        self._last: tuple[tuple, tuple[TokenGrid, ...] | None] | None = None
+        self.reads = HostReads()
 
     def _grids(self, ids: torch.Tensor) -> tuple[TokenGrid, ...] | None:
         rows = ids[:, [self.segment, self.row, self.col]].round().long().tolist()
@@ -529,10 +548,7 @@ class IdsLayout:
             return None
         if ids.ndim == 3:
             ids = ids[0]
-        key = (ids.data_ptr(), ids._version, tuple(ids.shape), str(ids.device))
-        if self._last is None or self._last[0] != key:
-            self._last = (key, self._grids(ids) if ids.shape[0] == x.shape[1] else None)
-        grids = self._last[1]
+        grids = self.reads(ids, self._grids) if ids.shape[0] == x.shape[1] else None
         if grids is None:
             if not self.warned:
                 self.warned = True
@@ -543,4 +559,4 @@ class IdsLayout:
         return TokenLayout.joint(self.order, grids[0], text_length(self.text(args, kwargs)), grids[1:])
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "warned": False, "_last": None}
+        return {**self.__dict__, "warned": False}

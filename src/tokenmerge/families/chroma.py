@@ -8,7 +8,7 @@ merged from ``norm``'s output (element 0) to ``proj_out``'s.
 
 Grid (and any reference images) from ``img_ids`` (0, row, col), one host read per ids tensor; text length from
 the root's ``encoder_hidden_states``. Rotary: one (cos, sin) table shared by the batch, rows [text; image],
-applied inside the processor, so a merge takes one plan for the batch and gathers the table at the kept rows.
+applied inside the processor: each sample's rows are gathered at its kept positions (hooks.tokens.SampleRows).
 
 Mask: the pipeline passes ``attention_mask`` (B, T + N), float 0/1 (text after the first padding token 0, image
 1); each block turns it into (B, 1, S, S) and hands it to its attention as ``attention_mask``. A merge gathers
@@ -34,11 +34,8 @@ FOLLOWS = (ROTARY, *MASK)
 
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:
-    blocks = [joint_block(b, follows=FOLLOWS, shared_by_batch=True) for b in getattr(module, "transformer_blocks", [])]
-    blocks += [
-        single_stream_block(b, input_stream="joint", follows=FOLLOWS, shared_by_batch=True)
-        for b in getattr(module, "single_transformer_blocks", [])
-    ]
+    blocks = [joint_block(b, follows=FOLLOWS) for b in getattr(module, "transformer_blocks", [])]
+    blocks += [single_stream_block(b, input_stream="joint", follows=FOLLOWS) for b in getattr(module, "single_transformer_blocks", [])]
     reader = IdsLayout(module, ("text", "image", "reference"))
     return DenoiserLayout(module, [Container(module, blocks, 1, reader)], "chroma", single_level=True) if blocks else None
 
@@ -106,7 +103,7 @@ FAMILY = Family(
     examples={"chroma": Example("ChromaTransformer2DModel", CONFIG, SMALL, inputs, 512, first_blocks)},
     notes="grid: img_ids (0, row, col), one host read per ids tensor; text: encoder_hidden_states at the root, first; "
     "single-stream blocks get [text; image] concatenated; rotary: image_rotary_emb (cos, sin) rows [text; image], "
-    "gathered at the kept positions (one plan per batch); mask: attention_mask (B, T + N) float, (B, 1, S, S) at "
+    "gathered at each sample's kept positions; mask: attention_mask (B, T + N) float, (B, 1, S, S) at "
     "each attention, its rows and columns follow a merge, its columns follow downsampled keys",
     comfy=ComfyModel(
         ("Chroma",),

@@ -12,7 +12,7 @@ Token layout, read at the root:
   generated).
 - text: ``encoder_hidden_states`` (226 T5 tokens), first in the joint sequence, never reduced.
 - rotary: ``image_rotary_emb = (cos, sin)``, each (N_video, D), computed by the pipeline: video rows only, no batch
-  dimension; gathered at the kept rows (one plan per batch). CogVideoX-2B has no rotary table (sin-cos positions
+  dimension; gathered at each sample's kept rows. CogVideoX-2B has no rotary table (sin-cos positions
   added at the patch embedding, before any merge).
 
 Keys and values (todo/auto) are reduced at SDPA, after the rotary embedding.
@@ -52,7 +52,7 @@ def block(module: torch.nn.Module) -> BlockLayout:
         Span("merge_attn", attn, attn, leave_index=0, follows=((attn, ROTARY),), name="attn1"),
         Span("merge_mlp", ff, ff, stream="joint", name="ff"),
     ]
-    return BlockLayout(module, spans, [KeyValueSite(attn, stream="joint")], plan_shared_by_batch=True, kind=type(module).__name__)
+    return BlockLayout(module, spans, [KeyValueSite(attn, stream="joint")], kind=type(module).__name__)
 
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:
@@ -151,5 +151,5 @@ FAMILY = Family(
     },
     notes="grid: hidden_states (B, F, C, H, W) / (patch_size_t, patch_size, patch_size), frame-major; text: "
     "encoder_hidden_states, first in the joint sequence; rotary: image_rotary_emb (cos, sin), video rows only, "
-    "gathered at the kept rows (one plan per batch)",
+    "gathered at each sample's kept rows",
 )

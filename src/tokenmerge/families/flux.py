@@ -4,8 +4,8 @@ Double-stream ``FluxTransformerBlock``s as SD3 (but [text; image] in the joint a
 ``FluxSingleTransformerBlock``s that concatenate [text; image] themselves and run attention and MLP in parallel
 on one normalised sequence, merged from ``norm``'s output to ``proj_out``'s. Rotary positions are applied inside
 the attention processor from one (cos, sin) table shared by the batch, text rows first: merged sequences get
-that table gathered at the kept positions (a merged token sits at its destination's position), which needs one
-plan for the whole batch. Grid and reference images (Kontext) from ``img_ids`` (t, row, col); text length from
+that table gathered at each sample's kept positions (a merged token sits at its destination's position;
+:class:`tokenmerge.hooks.tokens.SampleRows`). Grid and reference images (Kontext) from ``img_ids`` (t, row, col); text length from
 ``encoder_hidden_states``.
 """
 
@@ -22,8 +22,8 @@ ROTARY = Follow("image_rotary_emb", dim=0, stream="joint")
 
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:
-    blocks = [joint_block(b, follows=(ROTARY,), shared_by_batch=True) for b in getattr(module, "transformer_blocks", [])]
-    blocks += [single_stream_block(b, follows=(ROTARY,), shared_by_batch=True) for b in getattr(module, "single_transformer_blocks", [])]
+    blocks = [joint_block(b, follows=(ROTARY,)) for b in getattr(module, "transformer_blocks", [])]
+    blocks += [single_stream_block(b, follows=(ROTARY,)) for b in getattr(module, "single_transformer_blocks", [])]
     reader = IdsLayout(module, ("text", "image", "reference"))
     return DenoiserLayout(module, [Container(module, blocks, 1, reader)], "flux", single_level=True) if blocks else None
 
@@ -91,7 +91,7 @@ FAMILY = Family(
     pipelines=("FluxPipeline", "FluxKontextPipeline", "FluxControlNetPipeline", "FluxImg2ImgPipeline", "FluxFillPipeline"),
     examples={"flux": Example("FluxTransformer2DModel", CONFIG, SMALL, inputs, 512, first_blocks)},
     notes="grid and Kontext references: img_ids (t, row, col), one host read per ids tensor; text: encoder_hidden_states, "
-    "first; rotary: image_rotary_emb (cos, sin) rows [text; image], gathered at the kept positions (one plan per batch)",
+    "first; rotary: image_rotary_emb (cos, sin) rows [text; image], gathered at the kept positions (each sample's own)",
     comfy=ComfyModel(
         ("Flux",),
         "Flux.1",

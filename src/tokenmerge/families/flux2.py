@@ -6,7 +6,7 @@ Reference images (multi-reference edits) are appended after the target in ``hidd
 their own t coordinate (10, 20, ...): they are segments of their own, never reduced. Grid from ``img_ids`` (t, row,
 col, l); text length from ``encoder_hidden_states`` at the root. Rotary: one (cos, sin) table shared by the batch,
 rows [text; image; references], applied inside the processors (keys and values are downsampled after it, so kept
-keys keep their exact positions; a merged token takes its destination's rows). The Klein-KV pipeline's cached calls
+keys keep their exact positions; a merged token takes its destination's rows, each sample its own). The Klein-KV pipeline's cached calls
 (``kv_cache_mode``) carry reference keys and values outside the sequence: they run unchanged.
 """
 
@@ -41,8 +41,8 @@ class Flux2Layout(IdsLayout):
 
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:
-    blocks = [joint_block(b, follows=(ROTARY,), shared_by_batch=True) for b in getattr(module, "transformer_blocks", [])]
-    blocks += [fused_parallel_block(b, follows=(ROTARY,), shared_by_batch=True) for b in getattr(module, "single_transformer_blocks", [])]
+    blocks = [joint_block(b, follows=(ROTARY,)) for b in getattr(module, "transformer_blocks", [])]
+    blocks += [fused_parallel_block(b, follows=(ROTARY,)) for b in getattr(module, "single_transformer_blocks", [])]
     return DenoiserLayout(module, [Container(module, blocks, 1, Flux2Layout(module))], "flux2", single_level=True) if blocks else None
 
 

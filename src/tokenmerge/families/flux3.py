@@ -17,7 +17,7 @@ import torch
 
 from ..algorithms import TokenGrid, TokenLayout
 from . import Example, Family
-from .base import Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span, text_length
+from .base import Argument, BlockLayout, Container, DenoiserLayout, Follow, HostReads, KeyValueSite, Span, text_length
 
 
 def _parallel_block(block: torch.nn.Module, stream: str, input_stream: str) -> BlockLayout:
@@ -31,7 +31,6 @@ def _parallel_block(block: torch.nn.Module, stream: str, input_stream: str) -> B
         spans,
         [KeyValueSite(block.attn, stream=stream)],
         input_stream=input_stream,
-        plan_shared_by_batch=True,
         kind=type(block).__name__,
     )
 
@@ -42,25 +41,24 @@ class Flux3Layout:
     def __init__(self, root: torch.nn.Module) -> None:
         self.ids, self.tokens = Argument(root, "img_ids"), Argument(root, "hidden_states")
         self.text, self.conditions = Argument(root, "encoder_hidden_states"), Argument(root, "image_cond_hidden_states")
-        self._last: tuple[tuple, TokenGrid | None] | None = None
+        self.reads = HostReads()
 
     def __call__(self, args: tuple, kwargs: dict) -> TokenLayout | None:
         ids, x = self.ids(args, kwargs), self.tokens(args, kwargs)
         if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or not isinstance(x, torch.Tensor) or ids.shape[0] != x.shape[1]:
             return None
-        key = (ids.data_ptr(), ids._version, tuple(ids.shape), str(ids.device))
-        if self._last is None or self._last[0] != key:
-            w = int((ids[:, 1] == ids[0, 1]).sum())
-            self._last = (key, TokenGrid((ids.shape[0] // w, w)) if ids.shape[0] % w == 0 else None)
-        grid = self._last[1]
+        grid = self.reads(ids, _grid)
         if grid is None:
             return None
         conditions = self.conditions(args, kwargs)
         references = (conditions.shape[1],) if isinstance(conditions, torch.Tensor) and conditions.shape[1] else ()
         return TokenLayout.joint(("text", "image", "reference"), grid, text_length(self.text(args, kwargs)), references)
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_last": None}
+
+def _grid(ids: torch.Tensor) -> TokenGrid | None:
+    """The image grid of Flux.3's ids: its width is the number of ids sharing the first row's coordinate."""
+    w = int((ids[:, 1] == ids[0, 1]).sum())
+    return TokenGrid((ids.shape[0] // w, w)) if ids.shape[0] % w == 0 else None
 
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:

@@ -13,7 +13,7 @@ and values are downsampled.
 Grid: the (B, C, H, W) latent over its 2x2 patches, read from the root's ``hidden_states`` (no host read); text:
 ``encoder_hidden_states_t5`` and ``encoder_hidden_states_llama3`` (the stack of every Llama layer, or a list of
 them) at the root. Rotary: one table per sample, (B, S, 1, D/2, 2, 2), rows [image; text], gathered per sample at
-the kept rows (no plan shared by the batch needed).
+each sample's kept rows.
 
 Non-square latents: the root pads the image tokens to ``max_seq`` (its largest grid) with zero tokens and hands
 every attention ``hidden_states_masks`` (1 on the image, 0 on the padding; ones over the text in the single

@@ -12,8 +12,8 @@ Token layout, read at the root:
   ``image_condition_type="token_replace"`` (HunyuanVideo-I2V) the first latent frame is the clean image, whose
   tokens the blocks modulate apart: a reference segment, never reduced.
 - text: ``encoder_hidden_states`` (after the token refiner, same length), after the video.
-- rotary: ``image_rotary_emb = (cos, sin)``, each (N_video, D), no batch dimension: gathered at the kept rows (one
-  plan per batch). The attention mask the model builds over [video; text] (B, 1, 1, N) follows the merge too.
+- rotary: ``image_rotary_emb = (cos, sin)``, each (N_video, D), no batch dimension: gathered at each sample's kept
+  rows. The attention mask the model builds over [video; text] (B, 1, 1, N) follows the merge too.
 
 Keys and values (todo/auto) are reduced at the dispatch call, after the rotary embedding, the mask's key columns
 with them (nearest interpolations).
@@ -40,10 +40,8 @@ class TokenReplace:
 
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:
-    blocks = [joint_block(b, follows=(ROTARY, MASK), shared_by_batch=True) for b in getattr(module, "transformer_blocks", [])]
-    blocks += [
-        single_stream_block(b, follows=(ROTARY, MASK), shared_by_batch=True) for b in getattr(module, "single_transformer_blocks", [])
-    ]
+    blocks = [joint_block(b, follows=(ROTARY, MASK)) for b in getattr(module, "transformer_blocks", [])]
+    blocks += [single_stream_block(b, follows=(ROTARY, MASK)) for b in getattr(module, "single_transformer_blocks", [])]
     if not blocks:
         return None
     config = module.config
@@ -120,7 +118,7 @@ FAMILY = Family(
     },
     notes="grid: hidden_states (B, C, F, H, W) / (patch_size_t, patch_size, patch_size), frame-major; token_replace I2V: "
     "the first latent frame is a reference; text: encoder_hidden_states, after the video; rotary: image_rotary_emb "
-    "(cos, sin), video rows, gathered at the kept rows (one plan per batch); the joint attention mask follows",
+    "(cos, sin), video rows, gathered at each sample's kept rows; the joint attention mask follows",
     comfy=ComfyModel(
         ("HunyuanVideo",),
         "HunyuanVideo",

@@ -15,7 +15,7 @@ Token layout, read at the root:
   (``encoder_hidden_states_2``) and the 729 image tokens (``image_embeds``, zeros for text-to-video), which the
   model reorders into one sequence after the video: its length is the sum of theirs.
 - rotary: ``image_rotary_emb = (cos, sin)``, each (N_video, D): video rows only, no batch dimension; gathered at
-  the kept rows (one plan per batch).
+  each sample's kept rows.
 
 Keys and values (todo/auto) are reduced at the dispatch call, after the rotary embedding; the mask's key columns
 follow (nearest interpolations; others leave masked calls unchanged, with a warning).
@@ -55,7 +55,7 @@ class VideoAndContext:
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:
     blocks = [
-        joint_block(b, follows=(ROTARY,), shared_by_batch=True)
+        joint_block(b, follows=(ROTARY,))
         for b in getattr(module, "transformer_blocks", [])
         if isinstance(getattr(b, "attn", None), torch.nn.Module)
     ]
@@ -143,5 +143,5 @@ FAMILY = Family(
     notes="grid: hidden_states (B, C, F, H, W) / (patch_size_t, patch_size, patch_size), frame-major; context "
     "(text, glyph text, image tokens; never reduced): after the video in the joint attention, its length the sum of "
     "encoder_hidden_states, encoder_hidden_states_2 and image_embeds; rotary: image_rotary_emb (cos, sin), video rows "
-    "only, gathered at the kept rows (one plan per batch)",
+    "only, gathered at each sample's kept rows",
 )

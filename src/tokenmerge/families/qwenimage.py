@@ -19,7 +19,7 @@ Token layout, read from the root's call without a host sync:
   keys, and its image part is rebuilt by the processor from the current image length, so it follows a merge).
 - rotary: ``image_rotary_emb = (image table (N_image, D/2) complex, text table)`` is passed to the attention; its
   element 0 has one row per token of the image stream (target, then references) and no batch dimension: it is
-  gathered at the kept rows (a merged token takes its destination's row), which needs one plan for the batch.
+  gathered at each sample's kept rows (a merged token takes its destination's row; hooks.tokens.SampleRows).
 
 Keys and values (todo/auto) are reduced at ``dispatch_attention_fn`` (after the rotary embedding, so kept keys
 keep their exact positions); the image key/value projections cannot see downsampled tokens, since the rotary
@@ -108,7 +108,7 @@ class ImageShapes:
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:
     blocks = [
-        joint_block(b, mlps=("img_mlp",), follows=(ROTARY,), shared_by_batch=True)
+        joint_block(b, mlps=("img_mlp",), follows=(ROTARY,))
         for b in getattr(module, "transformer_blocks", [])
         if isinstance(getattr(b, "attn", None), torch.nn.Module)
     ]
@@ -198,7 +198,7 @@ FAMILY = Family(
     examples={"qwen-image": Example("QwenImageTransformer2DModel", CONFIG, SMALL, inputs, TEXT_TOKENS, first_blocks)},
     notes="grid and edit references: img_shapes (python lists, no host read; entries after the first are references, "
     "after the target); text: encoder_hidden_states at the root, first; rotary: element 0 of image_rotary_emb "
-    "(image rows, no batch dimension), gathered at the kept rows (one plan per batch); samples with different "
+    "(image rows, no batch dimension), gathered at each sample's kept rows; samples with different "
     "img_shapes run unchanged",
     comfy=ComfyModel(
         ("QwenImageTransformer2DModel",),

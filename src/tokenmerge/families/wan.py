@@ -16,7 +16,7 @@ Token layout, read at the root without a host sync:
   (also in TI2V's text-to-video mode, where it could be: a host read would be needed to tell them apart).
 - text: cross-attention only (``attn2``); the CLIP image tokens sit in the same context: neither is reduced.
 - rotary: ``rotary_emb = (cos, sin)``, each (1, N, 1, D): no batch dimension, rows along dim 1; both gathered at
-  the kept rows (a merged token takes its destination's position), one plan per batch.
+  each sample's kept rows (a merged token takes its destination's position).
 
 Keys and values (todo/auto) are reduced at ``dispatch_attention_fn`` in ``attn1``, after the rotary embedding: a
 kept key keeps its exact 3-D position. The pipelines run the two halves of classifier-free guidance as two calls.
@@ -37,7 +37,7 @@ ROTARY = Follow("rotary_emb", dim=1, stream="image")
 
 def _blocks(module: torch.nn.Module, name: str, input_name: str) -> list:
     return [
-        self_cross_block(b, follows=(ROTARY,), shared_by_batch=True, input_name=input_name)
+        self_cross_block(b, follows=(ROTARY,), input_name=input_name)
         for b in getattr(module, name, None) or []
         if isinstance(getattr(b, "attn1", None), torch.nn.Module)
     ]
@@ -150,7 +150,7 @@ FAMILY = Family(
     },
     notes="grid: hidden_states (B, C, F, H, W) / patch_size (1, 2, 2), frame-major; a per-token timestep (Wan 2.2 "
     "TI2V) makes the first latent frame a reference; text and CLIP image tokens: cross-attention (attn2) only; rotary: "
-    "rotary_emb (cos, sin), each (1, N, 1, D), gathered at the kept rows (one plan per batch); VACE blocks matched on "
+    "rotary_emb (cos, sin), each (1, N, 1, D), gathered at each sample's kept rows; VACE blocks matched on "
     "control_hidden_states",
     comfy=ComfyModel(
         ("WanModel",),

@@ -22,6 +22,7 @@ from torch.overrides import TorchFunctionMode
 from ..algorithms import TokenLayout, downsample_keys, downsample_mask_columns, downsample_tokens
 from . import dispatch
 from .calls import first_tensor
+from .modes import call_through
 from .state import BlockWarnings, PatchState
 from .step_caches import caching_wrappers
 
@@ -36,10 +37,6 @@ def projections_fused(attention: torch.nn.Module) -> bool:
     if processor is not None and type(processor).__name__.startswith("Fused"):
         return True
     return bool(getattr(attention, "fused_projections", False)) and not hasattr(attention, "to_kv") and processor is None
-
-
-def _is_tensor_method(func: Any, args: tuple) -> bool:
-    return bool(args) and isinstance(args[0], torch.Tensor) and getattr(torch.Tensor, getattr(func, "__name__", ""), None) is func
 
 
 class ReduceKeysValues(TorchFunctionMode):
@@ -94,11 +91,7 @@ class ReduceKeysValues(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is not _SDPA or self.dispatching:
-            if torch.compiler.is_compiling() and _is_tensor_method(func, args):
-                # Called as the tensor's own method: dynamo cannot trace the Python bodies of some (Tensor.unflatten's
-                # super() call, in Flux's processor), which a mode entered inside a compiled block would reach.
-                return getattr(args[0], func.__name__)(*args[1:], **kwargs)
-            return func(*args, **kwargs)
+            return call_through(func, args, kwargs)
         values = dict(zip(_SDPA_NAMES, args))
         values.update({k: v for k, v in kwargs.items() if k in _SDPA_NAMES})
         rest = {k: v for k, v in kwargs.items() if k not in _SDPA_NAMES}
@@ -155,7 +148,7 @@ class CloseKeyValueMode:
         self.warnings = BlockWarnings(block)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
-        mode = self.patch.close_mode(module)
+        mode = self.patch.close_mode(module, ReduceKeysValues)
         if mode is None:
             return
         dispatch.exit_mode(mode)
@@ -179,7 +172,7 @@ class DownsampleProjectionInput:
         self.attention = attention
 
     def __call__(self, module: torch.nn.Module, args: tuple):
-        mode = self.patch.open_mode_of(self.attention)
+        mode = self.patch.open_mode_of(self.attention, ReduceKeysValues)
         if mode is None or not mode.projections or not args:
             return None
         x = args[0]

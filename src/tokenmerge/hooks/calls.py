@@ -344,7 +344,7 @@ class PlanBlock:
 
     def _plan(self, x: torch.Tensor, grid: TokenGrid, call: CallState, info: Any) -> MergePlan | None:
         config = call.config
-        fresh = lambda: plan_merge(x, grid, config, info.key, call.timestep, info.plan_shared_by_batch)  # noqa: E731
+        fresh = lambda: plan_merge(x, grid, config, info.key, call.timestep, self.patch.shared_plans)  # noqa: E731
         if not (config.share_plan or config.reuse_steps > 1):
             return fresh()
         key = ("level", info.level) if config.share_plan else ("block", info.index)

@@ -12,7 +12,7 @@ from . import dispatch
 from .attention import CloseKeyValueMode, DownsampleKeysValues, DownsampleProjectionInput
 from .calls import BeginCall, CaptureLayout, EndBlock, EndCall, LeaveContainer, PlanBlock, RecomputeEntry
 from .state import BlockInfo, PatchState
-from .tokens import EnterSpan, EnterSpanOnOutput, FollowMerge, LeaveSpan
+from .tokens import CloseSampleRows, EnterSpan, EnterSpanOnOutput, FollowMerge, LeaveSpan
 
 STATE_ATTR = "_tokenmerge_state"
 
@@ -34,7 +34,6 @@ def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
                     torch.tensor([block_key(index)]),
                     c,
                     Argument(block.module, block.input_name),
-                    block.plan_shared_by_batch,
                     block,
                 )
             )
@@ -53,6 +52,8 @@ def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
                     hook = FollowMerge(patch, index, s, follow, Argument(attention, follow.argument))
                     add(attention.register_forward_pre_hook(hook, with_kwargs=True))
                 add(span.leave.register_forward_hook(LeaveSpan(patch, index, s, span.leave_index)))
+            for attention in {id(m): m for span in block.spans for m, _ in span.follows}.values():
+                add(attention.register_forward_hook(CloseSampleRows(patch, index), with_kwargs=True))
             for k, site in enumerate(block.kv_sites):
                 add(site.module.register_forward_pre_hook(DownsampleKeysValues(patch, index, k), with_kwargs=True))
                 add(site.module.register_forward_hook(CloseKeyValueMode(patch, index), with_kwargs=True))

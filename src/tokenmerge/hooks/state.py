@@ -112,7 +112,6 @@ class BlockInfo:
     key: torch.Tensor  # of the random partition: (1,) int64, a tensor so that compiled blocks share one graph
     container: int
     input: Any  # families.base.Argument: the block's input tokens (the matching is computed on their image segment)
-    plan_shared_by_batch: bool
     layout: Any  # families.BlockLayout
 
 
@@ -143,6 +142,9 @@ class PatchState:
         self.routes_dispatch = False  # holds the diffusers dispatch route (hooks.dispatch) while installed
         self.auto_idle_noticed = -1  # the options epoch in which auto's idle notice was given
         self.noticed: dict[str, int] = {}  # topic -> the options epoch in which it was said (once, not per block)
+        # ToMe plans shared by the batch: only where this model's attention code took a per-sample table the way
+        # hooks.tokens.SampleRows cannot give it (said once); every image of a batch then depends on the others.
+        self.shared_plans = False
         self.epoch = 0
         self.__setstate__({})
 
@@ -199,16 +201,17 @@ class PatchState:
             modes = self._local.modes = []
         modes.append((module, mode))
 
-    def open_mode_of(self, module: torch.nn.Module) -> Any:
-        """The SDPA mode open for ``module``'s call in this thread, if it is the innermost one."""
+    def open_mode_of(self, module: torch.nn.Module, kind: type) -> Any:
+        """The mode of class ``kind`` open for ``module``'s call in this thread, if it is the innermost one."""
         modes = getattr(self._local, "modes", None)
-        return modes[-1][1] if modes and modes[-1][0] is module else None
+        return modes[-1][1] if modes and modes[-1][0] is module and isinstance(modes[-1][1], kind) else None
 
-    def close_mode(self, module: torch.nn.Module) -> Any:
-        modes = getattr(self._local, "modes", None)
-        if modes and modes[-1][0] is module:
-            return modes.pop()[1]
-        return None
+    def close_mode(self, module: torch.nn.Module, kind: type) -> Any:
+        """Forget the mode of class ``kind`` open for ``module``'s call (the innermost one) and return it."""
+        mode = self.open_mode_of(module, kind)
+        if mode is not None:
+            self._local.modes.pop()
+        return mode
 
     def open_modes(self) -> list[Any]:
         """The SDPA modes still open in this thread (an attention raised before its forward hook), innermost first;

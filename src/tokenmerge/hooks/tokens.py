@@ -6,9 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ..algorithms import MergePlan, TokenLayout
 from .calls import first_tensor, replace_first
+from .modes import call_through
 from .state import BlockCall, BlockWarnings, PatchState
 from .step_caches import caching_wrappers
 
@@ -155,18 +157,68 @@ class LeaveSpan(_SpanHook):
         return type(output)((*output[: self.index], restored, *output[self.index + 1 :]))
 
 
+class SampleRows(TorchFunctionMode):
+    """Per-sample rows of the position tables a model shares by the batch, for one attention call whose samples were
+    each merged by their own plan.
+
+    A rotary table without a batch dimension (Flux's ``(cos, sin)``, each (S, D); Qwen-Image's complex (S, D/2)) can
+    hold one row order only, where every sample keeps other positions. The attention is handed a placeholder of the
+    shape it expects (the first sample's rows); while it runs, where its code broadcasts that placeholder against the
+    batch, by indexing with a leading ``None`` (diffusers' ``apply_rotary_emb``: ``cos[None, :, None, :]``) or by
+    ``unsqueeze`` (Qwen-Image's ``freqs_cis.unsqueeze(1)``), the rows of every sample take its place: one batched
+    attention, each sample at its own positions. A placeholder that its attention never broadcasts that way is
+    reported by :meth:`unused` (the patch then shares its plans by the batch, said once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[int, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}  # id(placeholder) -> it, rows, uses
+
+    def add(self, rows: torch.Tensor) -> torch.Tensor:
+        """The placeholder of ``rows`` (B, S', ...), the per-sample rows of a (S', ...) table."""
+        placeholder = rows[0]
+        self.tables[id(placeholder)] = (placeholder, rows, [0])
+        return placeholder
+
+    def unused(self) -> bool:
+        """Whether a placeholder reached the attention without being broadcast against the batch (its first sample's
+        rows then stood for every sample's)."""
+        return any(uses[0] == 0 for _, _, uses in self.tables.values())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        found = self.tables.get(id(args[0])) if args and isinstance(args[0], torch.Tensor) else None
+        if found is None or found[0] is not args[0]:
+            return call_through(func, args, kwargs)
+        _, rows, uses = found
+        if func is torch.Tensor.__getitem__:
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            if index and index[0] is None:
+                uses[0] += 1
+                return rows[(slice(None), *index[1:])]
+        elif func in (torch.Tensor.unsqueeze, torch.unsqueeze):
+            dim = args[1] if len(args) > 1 else kwargs["dim"]
+            if dim >= 0:
+                uses[0] += 1
+                return rows.unsqueeze(dim + 1)
+        elif func is torch.Tensor.to:
+            moved = func(*args, **kwargs)
+            return moved if moved is args[0] else self.add(rows.to(*args[1:], **kwargs))
+        return call_through(func, args, kwargs)
+
+
 class FollowMerge(_SpanHook):
     """Pre-hook on an attention inside a merged span: the arguments declared to follow the merge (rotary tables,
     masks over the sequence; :class:`tokenmerge.families.base.Follow`) are gathered at the kept positions of their
-    stream (a merged token sits at its destination's position; other segments keep every row). A table without a
-    batch dimension needs a plan shared by the batch (the family declares it); a batched one is gathered per sample."""
+    stream, per sample (a merged token sits at its destination's position; other segments keep every row). A table
+    with a batch dimension (of the batch's size or of 1) gets each sample's rows; one without (rows along dim 0)
+    gets them through :class:`SampleRows`."""
 
     def __init__(self, patch: PatchState, block: int, span: int, follow: Any, argument: Any) -> None:
         super().__init__(patch, block, span)
         self.follow = follow  # families.base.Follow
         self.argument = argument  # families.base.Argument of the attention's forward
 
-    def _gather(self, t: Any, plan: MergePlan, layout: TokenLayout) -> Any:
+    def _gather(self, t: Any, plan: MergePlan, layout: TokenLayout, module: torch.nn.Module) -> Any:
         if not isinstance(t, torch.Tensor):
             return t
         dim = self.follow.dim % t.ndim
@@ -176,10 +228,23 @@ class FollowMerge(_SpanHook):
         if plan.batch_size == 1:
             return t.index_select(dim, layout.kept_rows(plan.keep_idx[0].to(t.device)))
         rows = torch.stack([layout.kept_rows(k) for k in plan.keep_idx.to(t.device)])  # (B, S')
+        if dim == 0:  # no batch dimension: each sample's rows through the attention's SampleRows mode
+            return self._sample_rows(module).add(t[rows])
+        if t.shape[0] == 1:
+            t = t.expand(rows.shape[0], *t.shape[1:])
         shape = [1] * t.ndim
         shape[0], shape[dim] = rows.shape
         index = rows.view(shape).expand(*[rows.shape[1] if d == dim else s for d, s in enumerate(t.shape)])
         return t.gather(dim, index)
+
+    def _sample_rows(self, module: torch.nn.Module) -> SampleRows:
+        """The attention call's :class:`SampleRows` (entered here; :class:`CloseSampleRows` leaves it)."""
+        mode = self.patch.open_mode_of(module, SampleRows)
+        if mode is None:
+            mode = SampleRows()
+            mode.__enter__()
+            self.patch.open_mode(module, mode)
+        return mode
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         block = self.block_call()
@@ -191,7 +256,34 @@ class FollowMerge(_SpanHook):
         layout = block.layout.stream(self.follow.stream)
         element = self.follow.element
         if isinstance(value, (tuple, list)):
-            gathered = type(value)(self._gather(t, plan, layout) if element is None or i == element else t for i, t in enumerate(value))
+            gathered = type(value)(
+                self._gather(t, plan, layout, module) if element is None or i == element else t for i, t in enumerate(value)
+            )
         else:
-            gathered = self._gather(value, plan, layout)
+            gathered = self._gather(value, plan, layout, module)
         return self.argument.replace(args, kwargs, gathered)
+
+
+class CloseSampleRows:
+    """Forward hook on an attention with tables that follow a merge: leave the :class:`SampleRows` its call entered.
+    A table the attention did not broadcast as that mode expects gave every sample the first one's positions: said
+    once, and from the next call on the patch shares its plans by the batch (positions right, images coupled)."""
+
+    def __init__(self, patch: PatchState, block: int) -> None:
+        self.patch = patch
+        self.block = block
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        mode = self.patch.close_mode(module, SampleRows)
+        if mode is None:
+            return
+        mode.__exit__(None, None, None)
+        if mode.unused() and not self.patch.shared_plans:
+            self.patch.shared_plans = True
+            self.patch.notice(
+                "sample rows",
+                f"the attention {type(module).__name__} of block {self.block} used its position table in a way tokenmerge "
+                "cannot give each sample of a batch its own rows: in this call the images after the first had the first "
+                "one's positions in merged spans. From now on one matching serves the whole batch (the images of a batch "
+                "then depend on each other); use batch 1, or method='todo' / 'auto'",
+            )
