@@ -1,6 +1,7 @@
-"""The ComfyUI node on ComfyUI's own diffusion transformers, in a real ComfyUI (0.3.64, ``../shared/thirdparty``).
+"""The ComfyUI node on ComfyUI's own diffusion transformers, in real ComfyUIs (0.3.64 and 0.33.0,
+``../shared/thirdparty``).
 
-One subprocess (notcomfy, the older ``comfy`` the other ComfyUI tests use, must not shadow the checkout there): the
+One subprocess per ComfyUI (notcomfy, the older ``comfy`` the other ComfyUI tests use, must not shadow the checkout there): the
 repository cloned into a ``custom_nodes/`` folder is loaded by ComfyUI's ``nodes.init_external_custom_nodes``; each
 model is built from ComfyUI's ``supported_models`` configs with random weights (tiny widths) and sampled through
 ``nodes.common_ksampler``. Per model: identity options bit-identical, keys reduced as configured (counted by an
@@ -19,12 +20,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-CHECKOUT = ROOT.parent / "shared" / "thirdparty" / "comfyui-0.3.64"
+THIRDPARTY = ROOT.parent / "shared" / "thirdparty"
 NEEDS = ("torchsde", "trampoline", "sentencepiece", "aiohttp", "pydantic_settings", "dotenv", "av")
-MODELS = ("flux", "chroma", "sd3", "qwen-image", "wan", "hunyuanvideo", "hidream", "lumina2", "ltxv")
+# ComfyUI version -> (the modules its imports need beyond NEEDS, the models it has)
+VERSIONS = {
+    "0.3.64": ((), ("flux", "chroma", "sd3", "qwen-image", "wan", "hunyuanvideo", "hidream", "lumina2", "ltxv")),
+    "0.33.0": (
+        ("comfy_kitchen", "comfy_aimdo"),
+        ("flux", "flux2", "chroma", "sd3", "qwen-image", "wan", "hunyuanvideo", "hidream", "lumina2", "ltxv"),
+    ),
+}
+CASES = [(version, name) for version, (_, models) in VERSIONS.items() for name in models]
 
 
-def _worker(checkout: str, custom_nodes: str) -> dict:
+def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
     import asyncio
 
     import torch
@@ -41,9 +50,13 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
     node = nodes.NODE_CLASS_MAPPINGS["TokenMergingTokenmerge"]()
     from tokenmerge.tools import comfy_dits
 
+    from tokenmerge.families import comfy_model_of
+
     report: dict = {"node_module": type(node).__module__, "models": {}}
-    for name in MODELS:
+    for name in models:
         model = comfy_dits.build(name)
+        found = comfy_model_of(model.model.diffusion_model, model.model.model_config.unet_config.get("image_model"))
+        grid = comfy_dits.grid_at(name, found.patch_of(model.model.diffusion_model))
         seeded = _seeded_whatever_memory_holds(comfy_dits, name, model)
         vanilla = comfy_dits.sample(model, name)
         counter = comfy_dits.KeyCounter()
@@ -94,6 +107,8 @@ def _worker(checkout: str, custom_nodes: str) -> dict:
             "calls_plain_low": seen_plain_low,
             "bench_noise": bench_noise,
             "seeded": seeded,
+            "comfy_model": found.title,
+            "image_tokens": grid,
         }
     report["threads_equal"] = _threads(comfy_dits, node)
     unet = build_comfy_patcher("sd15-small")
@@ -159,85 +174,122 @@ def _threads(comfy_dits, node) -> bool:
     return all(torch.equal(a, b) for a, b in zip(sequential, concurrent))
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory) -> dict:
-    if not CHECKOUT.is_dir():
-        pytest.skip(f"no ComfyUI checkout at {CHECKOUT} (../shared/thirdparty/comfyui-0.3.64)")
+_REPORTS: dict[str, dict | BaseException] = {}
+
+
+@pytest.fixture
+def comfyui(request, tmp_path_factory) -> dict:
+    """The worker's report on the ComfyUI version the test is parametrised with (one run per version, kept for the
+    session; skipped where the checkout under ``../shared/thirdparty`` or its imports are absent)."""
+    version = request.param
+    if version not in _REPORTS:
+        try:
+            _REPORTS[version] = _report(version, tmp_path_factory)
+        except BaseException as error:  # a skip or a failed run: said by every test of that version, run once
+            _REPORTS[version] = error
+    found = _REPORTS[version]
+    if isinstance(found, BaseException):
+        raise found
+    return found
+
+
+def _report(version: str, tmp_path_factory) -> dict:
+    checkout = THIRDPARTY / f"comfyui-{version}"
+    if not checkout.is_dir():
+        pytest.skip(f"no ComfyUI checkout at {checkout} (../shared/thirdparty/comfyui-{version})")
     import importlib.util
 
-    missing = [m for m in NEEDS if importlib.util.find_spec(m) is None]
+    needs, models = VERSIONS[version]
+    missing = [m for m in (*NEEDS, *needs) if importlib.util.find_spec(m) is None]
     if missing:
-        pytest.skip(f"ComfyUI 0.3.64's imports need {', '.join(missing)} (.ci/run installs them)")
+        pytest.skip(f"ComfyUI {version}'s imports need {', '.join(missing)} (.ci/run installs them)")
     from test_install_paths import clone_into
 
     custom_nodes = tmp_path_factory.mktemp("ComfyUI") / "custom_nodes"
     clone_into(custom_nodes)
     result = subprocess.run(
-        [sys.executable, __file__, str(CHECKOUT), str(custom_nodes)], capture_output=True, text=True, timeout=900, cwd=ROOT
+        [sys.executable, __file__, str(checkout), str(custom_nodes), ",".join(models)], capture_output=True, text=True, timeout=900, cwd=ROOT
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_every_weight_and_buffer_is_seeded_whatever_uninitialised_memory_holds(report, name):
-    assert report["models"][name]["seeded"]
+each_model = pytest.mark.parametrize("comfyui,name", CASES, indirect=["comfyui"])
+each_version = pytest.mark.parametrize("comfyui", list(VERSIONS), indirect=True)
 
 
-def test_the_node_is_loaded_by_comfyuis_custom_node_loader(report):
-    assert report["node_module"] == "tokenmerge.integrations.comfyui"
+@each_model
+def test_every_weight_and_buffer_is_seeded_whatever_uninitialised_memory_holds(comfyui, name):
+    assert comfyui["models"][name]["seeded"]
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_identity_options_are_bit_identical_and_the_original_model_is_untouched(report, name):
-    found = report["models"][name]
+@each_version
+def test_the_node_is_loaded_by_comfyuis_custom_node_loader(comfyui):
+    assert comfyui["node_module"] == "tokenmerge.integrations.comfyui"
+
+
+@each_model
+def test_each_model_is_recognised_as_its_family(comfyui, name):
+    """One ComfyUI class can serve several families (``Flux``: Flux.1's 2x2 patches, Flux.2's 1x1): the family comes
+    from the model's config, and the token grid from the instance's own patch size."""
+    found = comfyui["models"][name]
+    from tokenmerge.families import get
+
+    assert found["comfy_model"] == get({"ltxv": "ltx"}.get(name, name)).comfy.title
+
+
+@each_model
+def test_identity_options_are_bit_identical_and_the_original_model_is_untouched(comfyui, name):
+    found = comfyui["models"][name]
     assert found["plain_equal"] and found["identity_equal"] and found["original_after_equal"] and found["override_kept"]
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_image_keys_are_reduced_as_configured_through_the_chained_override(report, name):
-    found = report["models"][name]
+@each_model
+def test_image_keys_are_reduced_as_configured_through_the_chained_override(comfyui, name):
+    found = comfyui["models"][name]
     assert found["todo_rel_l2"] > 1e-4 and found["deterministic"]
     plain, todo, chained = found["calls_plain"], found["calls_todo"], found["calls_chained"]
     assert len(plain) == len(todo) == len(chained) and [q for q, _ in todo] == [q for q, _ in plain]  # every query kept
     reduced = [(k, r) for (_, k), (_, r) in zip(plain, todo) if r != k]
     assert reduced, "no attention call had its keys reduced"
     for (q, k), (_, r), (_, c) in zip(plain, todo, chained):
-        if k != q or k < 256:  # cross-attention (text, CLIP image tokens) and text-only attention: untouched
+        image = found["image_tokens"]  # the grid at a 32x32 latent (of 3 frames for video models)
+        if k != q or k < image:  # cross-attention (text, CLIP image tokens) and text-only attention: untouched
             assert r == k == c
             continue
-        image = next(n for n in (3072, 768, 256) if n <= k)  # the call's image tokens: the grid at a 32x32 latent
         assert r == k - image + image // 4, (q, k, r)  # kv_factor 2: a quarter of the image keys, every other key
         assert c == k - image + image // 16, (q, k, c)  # the chained node's kv_factor 4 replaced it
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_max_noise_leaves_the_noisy_step_whole_through_comfyuis_model_sampling(report, name):
-    found = report["models"][name]
+@each_model
+def test_max_noise_leaves_the_noisy_step_whole_through_comfyuis_model_sampling(comfyui, name):
+    found = comfyui["models"][name]
     plain, todo, scheduled = found["calls_plain"], found["calls_todo"], found["calls_scheduled"]
     half = len(plain) // 2  # two sampler steps, one model call each
     assert scheduled[:half] == plain[:half] and scheduled[half:] == todo[half:] != plain[half:]
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_autos_default_reduces_the_low_noise_step_the_bench_times(report, name):
+@each_model
+def test_autos_default_reduces_the_low_noise_step_the_bench_times(comfyui, name):
     """auto's default noise limit (0.4): a step at pure noise keeps every key, the bench's step (the sigma at noise
     0.25, found by bisection over the model's sampling) has its image keys reduced, every query kept."""
-    found = report["models"][name]
+    found = comfyui["models"][name]
     plain, noisy, low = found["calls_plain_low"], found["calls_auto_noisy"], found["calls_auto_low"]
     assert abs(found["bench_noise"] - 0.25) < 1e-3
     assert noisy == plain and low != plain
     assert [q for q, _ in low] == [q for q, _ in plain] and all(k <= k0 for (_, k), (_, k0) in zip(low, plain))
 
 
-def test_concurrent_calls_of_one_patched_model_each_get_their_own_grid(report):
-    assert report["threads_equal"]
+@each_version
+def test_concurrent_calls_of_one_patched_model_each_get_their_own_grid(comfyui):
+    assert comfyui["threads_equal"]
 
 
-def test_the_unet_node_on_this_comfyui(report):
-    unet = report["unet"]
+@each_version
+def test_the_unet_node_on_this_comfyui(comfyui):
+    unet = comfyui["unet"]
     assert unet["identity_equal"] and unet["tome_rel_l2"] > 1e-4 and unet["todo_rel_l2"] > 1e-4
 
 
 if __name__ == "__main__":  # the subprocess
-    print(json.dumps(_worker(sys.argv[1], sys.argv[2])))
+    print(json.dumps(_worker(sys.argv[1], sys.argv[2], sys.argv[3].split(","))))

@@ -147,15 +147,20 @@ def family_of(module: object) -> Family | None:
     return matching[0] if matching else None
 
 
-_BY_COMFY_CLASS = {cls: family.comfy for family in _REGISTRY.values() if family.comfy for cls in family.comfy.classes}
+_BY_COMFY_CLASS: dict[str, list[ComfyModel]] = {}
+for _family in _REGISTRY.values():
+    for _cls in _family.comfy.classes if _family.comfy else ():
+        _BY_COMFY_CLASS.setdefault(_cls, []).append(_family.comfy)
 
 
-def comfy_model_of(module: object) -> ComfyModel | None:
-    """The ComfyUI layout of a ComfyUI diffusion model (the nearest class of its MRO a family names), or None."""
-    for cls in type(module).__mro__:
+def comfy_model_of(diffusion_model: object, image_model: str | None = None) -> ComfyModel | None:
+    """The ComfyUI layout of a ComfyUI diffusion model: the one a family gives for the nearest class of its MRO and
+    ``image_model`` (the ``unet_config`` entry ComfyUI's model detection writes; where one class serves several
+    families, it decides), or None."""
+    for cls in type(diffusion_model).__mro__:
         found = _BY_COMFY_CLASS.get(cls.__name__)
-        if found is not None:
-            return found
+        if found:
+            return next((m for m in found if not m.image_models or image_model in m.image_models), None)
     return None
 
 

@@ -174,20 +174,34 @@ IMAGE_PLACES = ("after_text", "first", "last")
 @dataclass(frozen=True)
 class ComfyModel:
     """How ComfyUI's own implementation of a family lays out its attention calls (the ComfyUI node's DiT path,
-    :mod:`tokenmerge.integrations.comfyui_dit`): its diffusion-model classes, latent cells per token, where the
-    image tokens sit in a self- or joint attention call, and the conditioning inputs that change the token grid
-    (where present, the call runs unchanged: no wrong grid)."""
+    :mod:`tokenmerge.integrations.comfyui_dit`): its diffusion-model classes (and, where one class serves several
+    families, the ``image_model`` of ComfyUI's detected ``unet_config``: Flux.1 and Flux.2 are both ``Flux``), latent
+    cells per token, where the image tokens sit in a self- or joint attention call, and the conditioning inputs
+    that change the token grid (where present, the call runs unchanged: no wrong grid)."""
 
     classes: tuple[str, ...]  # ComfyUI's diffusion_model class names (comfy.ldm...), exact
     title: str
-    patch: tuple[int, ...] = (2, 2)  # (height, width) or (frames, height, width) latent cells per token
+    # (height, width) or (frames, height, width) latent cells per token, where the model has no ``patch_size`` of its
+    # own (the node reads the instance's first: Flux.2's 1x1 patches are the same class as Flux.1's 2x2)
+    patch: tuple[int, ...] = (2, 2)
     image: str = "after_text"  # "after_text" ([text; image; references]), "first" ([image; text]), "last" ([extra; image])
     declines: tuple[str, ...] = ()  # apply_model keywords that add tokens to the grid's rows or in front of it
     notes: str = ""  # what the override sees (docs/comfyui.md)
+    image_models: tuple[str, ...] = ()  # the unet_config "image_model" values it claims (empty: any)
 
     def __post_init__(self) -> None:
         if self.image not in IMAGE_PLACES:
             raise ValueError(f"image must be one of {', '.join(IMAGE_PLACES)}, got {self.image!r}")
+
+    def patch_of(self, diffusion_model: Any) -> tuple[int, ...]:
+        """Latent cells per token of this instance: its ``patch_size`` (an int: each spatial side; a sequence: its
+        axes), else the declared :attr:`patch`."""
+        size = getattr(diffusion_model, "patch_size", None)
+        if isinstance(size, numbers.Integral):
+            return (1, int(size), int(size))
+        if isinstance(size, (tuple, list)) and size and all(isinstance(v, numbers.Integral) for v in size):
+            return tuple(int(v) for v in size)
+        return self.patch
 
     def image_start(self, tokens: int, n: int, text: int) -> int | None:
         """Where the ``n`` image tokens start among an attention call's ``tokens`` (None: not there). ``text``: the

@@ -95,6 +95,7 @@ FAMILY = Family(
     comfy=ComfyModel(
         ("Flux",),
         "Flux.1",
+        image_models=("flux",),
         notes="comfy/ldm/flux: q, k, v (B, H, S, D) after the rotary embedding, [text; image; Kontext references] in the "
         "double- and single-stream blocks",
     ),

@@ -19,7 +19,7 @@ import torch
 from ..algorithms import TokenLayout
 from ..notices import warn_at_caller
 from . import Example, Family
-from .base import DECLINED, Argument, Container, DenoiserLayout, Follow, IdsLayout, fused_parallel_block, joint_block
+from .base import DECLINED, Argument, ComfyModel, Container, DenoiserLayout, Follow, IdsLayout, fused_parallel_block, joint_block
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="joint")
 
@@ -121,4 +121,12 @@ FAMILY = Family(
     notes="grid and references: img_ids (t, row, col, l), references after the target (t = 10, 20, ...), one host read "
     "per ids tensor; text: encoder_hidden_states at the root, first; single-stream blocks get [text; image] concatenated; "
     "rotary: image_rotary_emb (cos, sin) rows [text; image; references]",
+    comfy=ComfyModel(
+        ("Flux",),
+        "Flux.2",
+        patch=(1, 1),
+        image_models=("flux2",),
+        notes="comfy/ldm/flux (ComfyUI >= 0.4, image_model flux2): 1x1 patches of a 128-channel latent; q, k, v (B, H, S, D) "
+        "after the rotary embedding, [text; image; reference latents]",
+    ),
 )

@@ -50,21 +50,20 @@ class DitCall:
     action: BlockAction
 
 
-def grid_of(latent_shape: tuple[int, ...], model: ComfyModel) -> TokenGrid:
-    """The token grid of a latent (B, C, H, W) or (B, C, T, H, W): each side divided by the patch, rounded up
-    (ComfyUI pads the latent to whole patches)."""
+def grid_of(latent_shape: tuple[int, ...], patch: tuple[int, ...]) -> TokenGrid:
+    """The token grid of a latent (B, C, H, W) or (B, C, T, H, W): each side divided by the model's patch
+    (:meth:`ComfyModel.patch_of`), rounded up (ComfyUI pads the latent to whole patches)."""
     sides = latent_shape[2:]
-    patch = model.patch[-len(sides) :]
-    return TokenGrid(tuple([-(-s // p) for s, p in zip(sides, patch)]))
+    return TokenGrid(tuple([-(-s // p) for s, p in zip(sides, patch[-len(sides) :])]))
 
 
 class DitKeyValues(SharedPatch):
     """The override and the wrapper of one patched DiT MODEL (shared by its clones; per-thread call state)."""
 
-    def __init__(self, config: TokenMergeConfig, model: ComfyModel, previous: Any = None) -> None:
+    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None) -> None:
         if config.method not in ("todo", "auto"):
             raise ValueError(f"DitKeyValues reduces keys and values (method todo or auto), got method={config.method!r}")
-        self.config, self.model, self.previous = config, model, previous
+        self.config, self.model, self.patch, self.previous = config, model, patch, previous
         self._local = threading.local()
         self._warned = False
 
@@ -78,7 +77,7 @@ class DitKeyValues(SharedPatch):
             self._warn(f"a call with {', '.join(declined)} has more tokens than its latent's grid")
         call = None
         if not declined:
-            grid = grid_of(tuple(x.shape), self.model)
+            grid = grid_of(tuple(x.shape), self.patch)
             noise = None
             if self.config.noise_limit < 1:
                 # the model's sampling as this sampler runs it (a shift node's object patch applied)
@@ -152,7 +151,9 @@ class DitKeyValues(SharedPatch):
 def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
     """A clone of ``model_patcher`` with key/value reduction on its diffusion transformer, or None when the
     model is not a diffusion transformer tokenmerge knows in ComfyUI."""
-    model = comfy_model_of(model_patcher.model.diffusion_model)
+    diffusion_model = model_patcher.model.diffusion_model
+    unet_config = getattr(getattr(model_patcher.model, "model_config", None), "unet_config", None) or {}
+    model = comfy_model_of(diffusion_model, unet_config.get("image_model"))
     if model is None:
         return None
     if config.method == "tome":
@@ -170,7 +171,7 @@ def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
         warnings.warn("tokenmerge: this MODEL already carries a tokenmerge patch; it is replaced by this node's options", stacklevel=3)
         previous = previous.previous
         patched.remove_wrappers_with_key("apply_model", WRAPPER_KEY)
-    patch = DitKeyValues(config, model, previous)
+    patch = DitKeyValues(config, model, model.patch_of(diffusion_model), previous)
     options[OVERRIDE] = patch
     patched.add_wrapper_with_key("apply_model", WRAPPER_KEY, patch.apply_model)
     return patched

@@ -42,6 +42,36 @@ TINY: dict[str, tuple[str, dict[str, Any], int, int, int, bool]] = {
         16,
         False,
     ),
+    "flux2": (  # ComfyUI >= 0.4 (model detection's Flux.2 keys: 1x1 patches of a 128-channel latent)
+        "Flux2",
+        {
+            "image_model": "flux2",
+            "in_channels": 128,
+            "out_channels": 128,
+            "patch_size": 1,
+            "vec_in_dim": None,
+            "context_in_dim": 32,
+            "hidden_size": 64,
+            "mlp_ratio": 3.0,
+            "num_heads": 4,
+            "depth": 1,
+            "depth_single_blocks": 2,
+            "axes_dim": [4, 4, 4, 4],
+            "theta": 2000,
+            "qkv_bias": False,
+            "guidance_embed": True,
+            "txt_ids_dims": [3],
+            "global_modulation": True,
+            "mlp_silu_act": True,
+            "ops_bias": False,
+            "default_ref_method": "index",
+            "ref_index_scale": 10.0,
+        },
+        32,
+        0,
+        128,
+        False,
+    ),
     "chroma": (
         "Chroma",
         {
@@ -245,6 +275,32 @@ FULL: dict[str, tuple[dict[str, Any], int, int, dict[str, int]]] = {
 }
 
 
+# Fields that newer ComfyUIs' model detection writes into these models' unet_config (with the value it gives such a
+# checkpoint): name -> (the module and dataclass of the model's parameters, the fields). Added where that dataclass of
+# the ComfyUI in use declares them (0.33: all of them; 0.3.64: none).
+LATER_FIELDS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "flux": ("comfy.ldm.flux.model", "FluxParams", {"txt_ids_dims": []}),
+    "chroma": ("comfy.ldm.chroma.model", "ChromaParams", {"txt_ids_dims": [], "vec_in_dim": None}),
+    "hunyuanvideo": (
+        "comfy.ldm.hunyuan_video.model",
+        "HunyuanVideoParams",
+        {"use_cond_type_embedding": False, "vision_in_dim": None, "meanflow_sum": False},
+    ),
+}
+
+
+def _later_fields(name: str) -> dict[str, Any]:
+    """The :data:`LATER_FIELDS` of ``name`` that the ComfyUI in use declares."""
+    import dataclasses
+    import importlib
+
+    if name not in LATER_FIELDS:
+        return {}
+    module, cls, fields = LATER_FIELDS[name]
+    declared = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls))}
+    return {k: v for k, v in fields.items() if k in declared}
+
+
 def build(name: str, seed: int = 0, blocks: int | None = None) -> Any:
     """A ComfyUI ``ModelPatcher`` around the ``name`` model, seeded random weights (ComfyUI's layers come
     uninitialised; output layers included, so that a comparison cannot pass trivially): tiny, or (``blocks``) at
@@ -253,7 +309,7 @@ def build(name: str, seed: int = 0, blocks: int | None = None) -> Any:
     import comfy.supported_models
 
     class_name, unet_config, *_ = TINY[name]
-    unet_config = dict(unet_config)
+    unet_config = {**unet_config, **_later_fields(name)}
     if blocks is not None:
         if name not in FULL:
             raise ValueError(f"--comfyui at full width: model must be one of {', '.join(FULL)}, got {name!r}")
@@ -332,6 +388,12 @@ class KeyCounter:
 
     def __deepcopy__(self, memo: dict) -> KeyCounter:
         return self
+
+
+def grid_at(name: str, patch: tuple[int, ...], height: int = 32, width: int = 32, frames: int = 3) -> int:
+    """Image tokens of :func:`latent`'s latent of ``name`` under a model's ``patch`` (ceil: ComfyUI pads)."""
+    sides = (frames, height, width) if TINY[name][5] else (height, width)
+    return math.prod([-(-s // p) for s, p in zip(sides, patch[-len(sides) :])])
 
 
 def relative_l2(a: torch.Tensor, b: torch.Tensor) -> float:

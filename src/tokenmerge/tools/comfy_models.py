@@ -107,24 +107,42 @@ def import_comfy(attention: str | None = None) -> Any:
 
 
 class _AbsentCompiledPackage:
-    """Import hook for the test set-up of a ComfyUI checkout: an empty ``torchvision`` (and ``.transforms``).
+    """Import hook for the test set-up of a ComfyUI checkout: empty ``torchvision`` / ``torchaudio`` packages.
 
-    ComfyUI's ``comfy.model_base`` imports every model module, and Cosmos's imports ``torchvision.transforms`` at
-    module level (it uses it only when a Cosmos model runs). PyPI's torchvision wheel for this torch is a CUDA build
-    whose compiled ops do not load with the CPU torch, so the tests stand an empty module in for it; no model
-    tokenmerge patches touches torchvision. Only where torchvision is not importable."""
+    ComfyUI's ``comfy.model_base`` imports every model module, and some import torchvision at module level (Cosmos's
+    ``torchvision.transforms``; 0.33's SAM 3 detector ``torchvision.ops.roi_align``); 0.33's ``nodes`` imports
+    torchaudio (through ``comfy.sd``, for LTX-2's audio VAE). Each is used only when such a model runs. PyPI's
+    torchvision wheel for this torch is a CUDA build whose compiled ops do not load with the CPU torch, and no
+    torchaudio wheel matches it, so the tests stand empty modules in for them, whose names are stand-ins that raise
+    when used; no model tokenmerge patches touches either. Only for those that are not importable."""
 
-    NAMES = ("torchvision", "torchvision.transforms")
+    def __init__(self, packages: tuple[str, ...]) -> None:
+        self.packages = packages
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         import importlib.machinery
 
-        return importlib.machinery.ModuleSpec(name, self, is_package=name == "torchvision") if name in self.NAMES else None
+        if name.split(".")[0] not in self.packages:
+            return None
+        return importlib.machinery.ModuleSpec(name, self, is_package=True)
 
     def create_module(self, spec: Any) -> Any:
         import types
 
-        return types.ModuleType(spec.name)
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+
+        def absent(attribute: str) -> Any:
+            if attribute.startswith("__"):
+                raise AttributeError(attribute)
+
+            def unavailable(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError(f"{spec.name}.{attribute} is a stand-in: torchvision is not installed in this test set-up")
+
+            return unavailable
+
+        module.__getattr__ = absent  # type: ignore[method-assign]
+        return module
 
     def exec_module(self, module: Any) -> None:
         return None
@@ -148,8 +166,9 @@ def import_comfy_checkout(checkout: str, attention: str | None = None) -> Any:
             package = types.ModuleType(name)
             package.__path__ = [folder]
             sys.modules[name] = package
-    if importlib.util.find_spec("torchvision") is None:
-        sys.meta_path.insert(0, _AbsentCompiledPackage())
+    absent = tuple(name for name in ("torchvision", "torchaudio") if importlib.util.find_spec(name) is None)
+    if absent:
+        sys.meta_path.insert(0, _AbsentCompiledPackage(absent))
     os.environ["COMFYUI_PATH"] = checkout
     return import_comfy(attention)
 
