@@ -48,9 +48,8 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
     folder_paths.folder_names_and_paths["custom_nodes"] = ([custom_nodes], set())
     asyncio.run(nodes.init_external_custom_nodes())
     node = nodes.NODE_CLASS_MAPPINGS["TokenMergingTokenmerge"]()
-    from tokenmerge.tools import comfy_dits
-
     from tokenmerge.families import comfy_model_of
+    from tokenmerge.tools import comfy_dits
 
     report: dict = {"node_module": type(node).__module__, "models": {}}
     for name in models:
@@ -208,7 +207,11 @@ def _report(version: str, tmp_path_factory) -> dict:
     custom_nodes = tmp_path_factory.mktemp("ComfyUI") / "custom_nodes"
     clone_into(custom_nodes)
     result = subprocess.run(
-        [sys.executable, __file__, str(checkout), str(custom_nodes), ",".join(models)], capture_output=True, text=True, timeout=900, cwd=ROOT
+        [sys.executable, __file__, str(checkout), str(custom_nodes), ",".join(models)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
