@@ -5,6 +5,8 @@ The eager backend checks tracing (what fullgraph is about) without the minutes a
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import tomesd
 import torch
@@ -55,10 +57,38 @@ def test_tomesd_does_not_compile_with_fullgraph(sd15_small):
 def test_patching_a_compiled_module_warns(sd15_small):
     """Graphs compiled before the patch ignore its hooks (torch skips hook guards by default): say so."""
     compiled = torch.compile(sd15_small, backend="eager")
-    with pytest.warns(UserWarning, match="already wrapped by torch.compile"):
+    with pytest.warns(UserWarning, match="already compiled"):
         tokenmerge.apply_patch(compiled, ratio=0.5)
     tokenmerge.remove_patch(compiled)
     assert tokenmerge.get_config(sd15_small) is None
+
+
+def test_a_model_compiled_in_place_before_the_patch_is_said(sd15_small):
+    """diffusers' documented ``model.compile()`` compiles in place (no OptimizedModule): a patch after it is said too."""
+    sd15_small.compile(backend="eager")
+    try:
+        with pytest.warns(UserWarning, match="already compiled"):
+            tokenmerge.apply_patch(sd15_small, ratio=0.5)
+    finally:
+        tokenmerge.remove_patch(sd15_small)
+        sd15_small._compiled_call_impl = None
+        torch._dynamo.reset()
+
+
+def test_whole_model_compile_says_once_that_the_noise_gate_cannot_act(sd15_small):
+    """The timestep is not read inside a compiled graph: auto reduces every step there, said once when traced."""
+    inputs = {**sd_inputs(sd15_small, 16, 16), "timestep": torch.tensor(900)}
+    with tokenmerge.patched(sd15_small, method="auto", auto_max_keys=16, auto_min_tokens=16):
+        compiled = torch.compile(sd15_small, backend="eager")
+        try:
+            with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+                warnings.simplefilter("always")
+                for _ in range(3):
+                    compiled(**inputs)
+        finally:
+            torch._dynamo.reset()
+    found = [str(w.message) for w in caught if "compile_repeated_blocks" in str(w.message)]
+    assert len(found) == 1 and "max_noise=0.4 cannot act and every step is reduced" in found[0]
 
 
 def test_regional_compilation_keeps_autos_noise_schedule(sd15_small):

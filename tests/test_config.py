@@ -93,7 +93,7 @@ def test_model_without_transformer_blocks_raises_a_clear_error():
     unet = UNet2DModel(
         block_out_channels=(32, 32), down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D")
     )
-    with pytest.raises(TypeError, match="UNet2DModel has no transformer blocks that tokenmerge can patch"):
+    with pytest.raises(TypeError, match="UNet2DModel: no supported model family"):
         tokenmerge.apply_patch(unet)
 
 
@@ -147,3 +147,10 @@ def test_any_python_int_is_a_seed_and_all_its_bits_count(sd15_small, recorded_pl
     for i in range(len(seeds)):
         for j in range(i):
             assert not torch.equal(found[i], found[j]), (seeds[i], seeds[j])  # seeds differing above bit 32 differ too
+
+
+def test_match_dtype_takes_torch_dtypes_as_their_names():
+    assert tokenmerge.TokenMergeConfig(match_dtype=torch.bfloat16).match_dtype == "bfloat16"
+    assert tokenmerge.TokenMergeConfig(match_dtype="float16").match_dtype == "float16"
+    with pytest.raises(ValueError, match=r"match_dtype must be None or float32, float16, bfloat16 \(or the torch dtypes"):
+        tokenmerge.TokenMergeConfig(match_dtype=torch.int8)

@@ -148,6 +148,48 @@ def test_patched_context_manager_removes_the_patch_also_on_errors(sd15_small):
     assert torch.equal(_run(sd15_small, inputs), vanilla)
 
 
+def test_patched_context_manager_restores_the_patch_it_found(sd15_small):
+    """A context manager restores what it found: the earlier patch with its options, also after an exception."""
+    inputs = sd_inputs(sd15_small)
+    tokenmerge.apply_patch(sd15_small, method="todo", kv_factor=3)
+    before = _run(sd15_small, inputs)
+    try:
+        with pytest.raises(ZeroDivisionError):
+            with tokenmerge.patched(sd15_small, ratio=0.5):
+                assert tokenmerge.get_config(sd15_small).method == "tome"
+                raise ZeroDivisionError
+        config = tokenmerge.get_config(sd15_small)
+        assert config is not None and config.method == "todo" and config.kv_factor == 3
+        assert torch.equal(_run(sd15_small, inputs), before)
+    finally:
+        tokenmerge.remove_patch(sd15_small)
+
+
+def test_get_config_of_a_pipeline_whose_parts_differ_says_so_and_get_configs_gives_each():
+    from tokenmerge.tools.architectures import build_model
+
+    from diffusers import FluxControlNetModel
+
+    transformer = build_model("flux", small=True)
+    controlnet = FluxControlNetModel(**{k: v for k, v in transformer.config.items() if not k.startswith("_") and k != "out_channels"})
+
+    class Pipe(torch.nn.Module):  # stand-in holder: a module with both (no DiffusionPipeline needed)
+        def __init__(self):
+            super().__init__()
+            self.transformer, self.controlnet = transformer, controlnet
+
+    holder = Pipe()
+    tokenmerge.apply_patch(holder, ratio=0.5)
+    tokenmerge.update_options(holder.controlnet, ratio=0.3)
+    try:
+        configs = tokenmerge.get_configs(holder)
+        assert sorted(c.ratio for c in configs.values()) == [0.3, 0.5] and len(configs) == 2
+        with pytest.warns(UserWarning, match=r"different options \(transformer: ratio=0\.5; controlnet: ratio=0\.3\)"):
+            tokenmerge.get_config(holder)
+    finally:
+        tokenmerge.remove_patch(holder)
+
+
 def test_config_argument_and_describe(sd15_small):
     config = tokenmerge.TokenMergeConfig(ratio=0.4, method="tome", seed=2)
     with tokenmerge.patched(sd15_small, config=config):

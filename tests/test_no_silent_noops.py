@@ -32,7 +32,7 @@ def test_a_window_larger_than_the_grid_is_said_once(sd15_small, options):
     assert torch.equal(out, vanilla)
     found = [m for m in _messages(caught) if "destination window" in m]
     assert found and all("effective ratio 0" in m for m in found)
-    assert len(found) == len(set(found))  # once per block, not per call
+    assert len(found) == 1  # once per patch and cause, not per block or per call
 
 
 def test_a_one_row_grid_says_it_merges_nothing(sd15_small):
@@ -78,7 +78,7 @@ def test_options_at_their_defaults_say_nothing(sd15_small):
 def test_describe_tells_unsupported_from_unpatched(sd15_small):
     assert str(tokenmerge.describe(sd15_small)) == "not patched by tokenmerge"
     text = str(tokenmerge.describe(torch.nn.Linear(2, 2)))
-    assert text.startswith("not supported by tokenmerge: Linear has no transformer blocks")
+    assert text.startswith("not supported by tokenmerge: Linear: no supported model family")
 
 
 def test_pipeline_messages_name_the_components():
@@ -97,7 +97,7 @@ def test_pipeline_messages_name_the_components():
             super().__init__()
             self.register_modules(transformer=transformer)
 
-    with pytest.raises(TypeError, match=r"WithLinear's transformer \(Linear\) has no transformer blocks.*Flux\.1, "):
+    with pytest.raises(TypeError, match=r"WithLinear's transformer \(Linear\): no supported model family.*Flux\.1, "):
         tokenmerge.apply_patch(WithLinear(torch.nn.Linear(2, 2)))
 
 
@@ -140,3 +140,62 @@ def test_a_patchs_warnings_point_at_the_line_that_patched(sd15_small):
             pass
     found = [w for w in caught if "does not use seed=3" in str(w.message)]
     assert len(found) == 2 and all(w.filename == __file__ for w in found), [(w.filename, w.lineno) for w in found]
+
+
+def test_a_call_the_noise_gate_leaves_whole_is_said_once_per_patch():
+    """auto's default reduces only the steps at noise <= 0.4: a call above it runs whole, said once (its noise level,
+    max_noise, how to change it), not at every call."""
+    from tokenmerge.tools.architectures import at_noise, build_model, timestep_scale, transformer_inputs
+
+    model = build_model("flux", small=True)
+    inputs = at_noise(transformer_inputs(model, "flux", 16, 16, text_tokens=5), timestep_scale(model), 0.9)
+    with tokenmerge.patched(model, method="auto", auto_max_keys=16, auto_min_tokens=16), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            with torch.no_grad():
+                model(**inputs)
+    found = [m for m in _messages(caught) if "leaves this call whole" in m]
+    assert len(found) == 1
+    assert "noise level 0.900" in found[0] and "max_noise=0.4 (auto's default)" in found[0] and "max_noise=1" in found[0]
+
+
+def test_a_cause_every_block_meets_is_said_once_for_the_patch_not_per_block():
+    """One option mistake on a deep model: one warning (a real-depth Flux.1 gave 57, one per block)."""
+    from tokenmerge.tools.architectures import build_model, transformer_inputs
+
+    model = build_model("flux", small=True)  # 1 double- and 2 single-stream blocks
+    inputs = transformer_inputs(model, "flux", 16, 16, text_tokens=5)
+    with tokenmerge.patched(model, ratio=0.5, sx=16, sy=16), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with torch.no_grad():
+                model(**inputs)
+    found = [m for m in _messages(caught) if "destination window" in m]
+    assert len(found) == 1 and "said once, for every block it concerns" in found[0]
+
+
+def test_an_attention_that_uses_its_rotary_table_another_way_falls_back_to_one_plan_per_batch_said_once():
+    """Per-sample rotary rows reach an attention where it broadcasts its (S, D) table by a leading None index or by
+    unsqueeze (hooks.tokens.SampleRows). Code that uses it otherwise (here: a processor that copies the table first)
+    would give every sample the first one's rows: said once, and the patch shares its plans by the batch after."""
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+
+    from tokenmerge.tools.architectures import build_model, transformer_inputs
+
+    class CopiesTheTable(FluxAttnProcessor):
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+            table = None if image_rotary_emb is None else tuple(t.clone() for t in image_rotary_emb)
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, table)
+
+    model = build_model("flux", small=True)
+    model.set_attn_processor(CopiesTheTable())
+    inputs = transformer_inputs(model, "flux", 16, 16, batch=2, text_tokens=5)
+    with tokenmerge.patched(model, ratio=0.5), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            model(**inputs)
+            model(**inputs)
+        (state,) = [s for _, s in tokenmerge.hooks.states_in([model])]
+        assert state.shared_plans
+    found = [m for m in _messages(caught) if "its own rows" in m]
+    assert len(found) == 1 and "one matching serves the whole batch" in found[0]

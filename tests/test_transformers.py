@@ -142,7 +142,8 @@ def test_flux_merged_tokens_take_their_destinations_rotary_rows(models, recorded
             for handle in record:
                 handle.remove()
     full = model.pos_embed(torch.cat([inputs["txt_ids"], inputs["img_ids"]]))
-    assert len(recorded_plans) == 3 and all(p.batch_size == 1 for p in recorded_plans)  # one plan for the batch: the table is shared
+    assert len(recorded_plans) == 3 and all(p.batch_size == 2 for p in recorded_plans)  # a plan per sample
+    # The shared table's placeholder holds sample 0's rows (hooks.tokens.SampleRows puts every sample's in its place).
     for plan, (cos, sin) in zip(recorded_plans, tables):
         rows = torch.cat([torch.arange(TEXT), TEXT + plan.keep_idx[0]])
         assert torch.equal(cos, full[0][rows]) and torch.equal(sin, full[1][rows])

@@ -8,6 +8,8 @@ computed directly), the condition frame of Wan 2.2 TI2V never reduced, ``st`` an
 
 from __future__ import annotations
 
+import warnings
+
 import math
 
 import pytest
@@ -58,9 +60,9 @@ def test_wan_merged_tokens_take_their_destinations_3d_rotary_rows(wan, recorded_
     tables = [t for t in tables if t is not None]  # attn1 (self) gets the table, attn2 (cross) None
     assert len(recorded_plans) == len(tables) == len(wan.blocks)
     for plan, (cos, sin) in zip(recorded_plans, tables):
-        assert plan.batch_size == 1 and plan.num_tokens == FRAMES * 63  # one plan for the batch: the table is shared
-        rows = plan.keep_idx[0]
-        assert torch.equal(cos, full_cos[:, rows]) and torch.equal(sin, full_sin[:, rows])
+        assert plan.batch_size == 2 and plan.num_tokens == FRAMES * 63  # a plan per sample
+        for b, rows in enumerate(plan.keep_idx):  # the (1, N, 1, D) table: each sample's rows
+            assert torch.equal(cos[b], full_cos[0, rows]) and torch.equal(sin[b], full_sin[0, rows])
 
 
 def test_cogvideox_merged_tokens_take_their_destinations_3d_rotary_rows(recorded_plans):
@@ -71,6 +73,8 @@ def test_cogvideox_merged_tokens_take_their_destinations_3d_rotary_rows(recorded
         tables = _record_tables(model, "Attention", "image_rotary_emb", None, lambda: model(**inputs))
     assert len(recorded_plans) == len(tables) == model.config.num_layers
     for plan, (cos, sin) in zip(recorded_plans, tables):
+        # a table without a batch dimension: the attention is handed sample 0's rows, and SampleRows puts every
+        # sample's in their place where it broadcasts them (each image's own result: the conformance suite)
         assert torch.equal(cos, full_cos[plan.keep_idx[0]]) and torch.equal(sin, full_sin[plan.keep_idx[0]])
 
 
@@ -208,8 +212,15 @@ def test_a_per_token_timestep_keys_the_partition_by_the_step_not_the_condition_f
 
 
 @pytest.mark.parametrize("options", [dict(ratio=0.5, st=2), dict(method="todo", kv_factor=(2, 2, 2))], ids=["st", "kv_factor"])
-def test_frame_options_on_an_image_model_say_they_act_on_its_sides_only(options):
+def test_frame_options_on_an_image_model_are_said_once_at_the_patch(options):
+    """Said by apply_patch with the value in effect, not by every block at the first call."""
     model = build_model("pixart", small=True)
     inputs = transformer_inputs(model, "pixart", 16, 16, batch=1, text_tokens=TEXT)
-    with tokenmerge.patched(model, **options), pytest.warns(UserWarning, match="has no frames"), torch.no_grad():
-        model(**inputs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with tokenmerge.patched(model, **options), torch.no_grad():
+            said_at_patch = [str(w.message) for w in caught]
+            model(**inputs)
+    found = [str(w.message) for w in caught if "frames" in str(w.message)]
+    assert len(found) == 1 and found == [m for m in said_at_patch if "frames" in m]
+    assert "token grids of the PixArt" in found[0] and "have none" in found[0] and "in effect" in found[0]

@@ -75,6 +75,8 @@ def _as_choice(name: str, value: Any, choices: tuple[str, ...], none: bool = Fal
         return None
     if value not in choices:
         allowed = ("None or " if none else "") + ", ".join(choices)
+        if name == "match_dtype":
+            allowed += " (or the torch dtypes of those names)"
         raise ValueError(f"{name} must be {'one of ' if not none else ''}{allowed}, got {value!r}")
     return value
 
@@ -113,7 +115,8 @@ class TokenMergeConfig:
       others (ToMe; changes the result, saves the matching of every other block).
     - reuse_steps: reuse a block's matching for this many consecutive denoising steps (ToMe; 1 = match at
       every step, as tomesd). Steps are counted per thread by changes of the timestep.
-    - match_dtype: dtype of the similarity matmul (``None`` = the tokens' dtype, as tomesd).
+    - match_dtype: dtype of the similarity matmul (``None`` = the tokens' dtype, as tomesd): a name or a torch dtype
+      (kept as its name).
     - max_noise: reduce only in the denoising steps whose noise level is at most this (the timestep as a fraction
       of the model's range: 1 = pure noise, 0 = clean); the noisier steps run unchanged. ``None`` (default) is the
       method's own: 0.4 for ``auto`` (:data:`AUTO_MAX_NOISE`), 1 (every step, as tomesd) for ``tome`` and ``todo``.
@@ -182,7 +185,10 @@ class TokenMergeConfig:
             put("seed", _as_int("seed", self.seed, "None or an int"))
         _as_choice("method", self.method, METHODS)
         _as_choice("kv_interpolation", self.kv_interpolation, KV_INTERPOLATIONS)
-        _as_choice("match_dtype", self.match_dtype, MATCH_DTYPES, none=True)
+        match_dtype = self.match_dtype
+        if type(match_dtype).__name__ == "dtype":  # torch.bfloat16 as well as "bfloat16"
+            match_dtype = str(match_dtype).removeprefix("torch.")
+        put("match_dtype", _as_choice("match_dtype", match_dtype, MATCH_DTYPES, none=True))
 
     def merges(self, option: str, transformer: bool) -> bool:
         """Whether the sub-layers switched by ``option`` (merge_attn, ...) run on merged tokens, in a UNet or in a

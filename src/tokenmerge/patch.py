@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from .config import DEFAULTS, TOMESD_PARAMETERS, TokenMergeConfig, check_option_names
+from .config import DEFAULTS, OPTION_NAMES, TOMESD_PARAMETERS, TokenMergeConfig, check_option_names
 from .families import discover, get, roots_of
+from .families.base import has_class_named
 from .hooks import PatchState, install, states_in, states_of, uninstall
 from .hooks.attention import projections_fused
+from .hooks.install import STATE_ATTR
 from .notices import warn_at_caller
 
 
@@ -101,6 +104,24 @@ def _check_for_layouts(config: TokenMergeConfig, states_or_layouts: list[Any]) -
         )
 
 
+def _warn_if_no_frames(config: TokenMergeConfig, states: list[PatchState]) -> None:
+    """A frame option (``st``, a ``(t, h, w)`` kv_factor's t) on a model whose token grids have no frames is said once,
+    at the patch, with the value in effect (before, each block said it at the first call)."""
+    if config.is_identity or any(get(s.layout.family).video for s in states):
+        return
+    if config.method == "tome" and config.st > 1:
+        option, effective = f"st={config.st}", "st=1"
+    elif config.method == "todo" and isinstance(config.kv_factor, tuple) and config.kv_factor[0] > 1:
+        h, w = config.kv_factor[1:]
+        option, effective = f"kv_factor={config.kv_factor}", f"a factor of {h} on the height and {w} on the width"
+    else:
+        return
+    warn_at_caller(
+        f"tokenmerge: {option} acts on the frames of a video's token grid; the token grids of {_named(states[0].layout)} have "
+        f"none, so it acts on their spatial sides only (in effect: {effective})"
+    )
+
+
 def _named(layout: Any) -> str:
     """'the Flux.1 transformer (FluxTransformer2DModel)': a denoiser named by its family and class."""
     return f"the {get(layout.family).title} {get(layout.family).kind} ({type(layout.root).__name__})"
@@ -147,11 +168,12 @@ def apply_patch(
         uninstall(root, patch)
     states = [install(layout, config) for layout in found.layouts]
     _warn_if_ineffective(states, config)
+    _warn_if_no_frames(config, states)
     _warn_if_unreachable(states, config)
     if found.compiled:
         warn_at_caller(
-            f"tokenmerge: {', '.join(found.compiled)} is already wrapped by torch.compile; graphs compiled before this patch "
-            "ignore it (torch skips module-hook guards by default). Patch before compiling, or call "
+            f"tokenmerge: {', '.join(found.compiled)} is already compiled (torch.compile or module.compile()); graphs compiled "
+            "before this patch ignore it (torch skips module-hook guards by default). Patch before compiling, or call "
             "torch._dynamo.reset() after patching, or set torch._dynamo.config.skip_nnmodule_hook_guards = False"
         )
     return model
@@ -179,22 +201,58 @@ def update_options(model: Any, **changes: Any) -> TokenMergeConfig:
     for state in states:
         state.set_config(config)
     _warn_if_ineffective(states, config)
+    _warn_if_no_frames(config, states)
     _warn_if_unreachable(states, config)
     return config
 
 
+def get_configs(model: Any) -> dict[str, TokenMergeConfig]:
+    """The options of each patched denoiser of ``model``, by where it sits (a pipeline's component name, with the
+    module's path inside it where it is not the component itself: ``"transformer"``, ``"controlnet"``,
+    ``"transformer_2"``); empty if nothing is patched."""
+    found: dict[str, TokenMergeConfig] = {}
+    if has_class_named(model, "DiffusionPipeline"):
+        named = [(k, v) for k, v in (getattr(model, "components", {}) or {}).items() if isinstance(v, torch.nn.Module)]
+    else:
+        named = [("", root) for root in roots_of(model)]
+    for component, root in named:
+        for path, module in root.named_modules():
+            state = vars(module).get(STATE_ATTR)
+            if isinstance(state, PatchState):
+                found[".".join(p for p in (component, path) if p) or type(module).__name__] = state.config
+    return found
+
+
 def get_config(model: Any) -> TokenMergeConfig | None:
-    """The options a model is patched with, or ``None`` if it is not patched."""
-    states = _patched_states(model)
-    return states[0][1].config if states else None
+    """The options a model is patched with, or ``None`` if it is not patched. Where its denoisers carry different
+    options (a ControlNet's changed on their own), the first one's, said with each one's: :func:`get_configs`."""
+    configs = get_configs(model)
+    if len(set(configs.values())) > 1:
+        first = next(iter(configs))
+        fields = [f for f in OPTION_NAMES if len({getattr(c, f) for c in configs.values()}) > 1]
+        differ = "; ".join(f"{name}: {', '.join(f'{f}={getattr(c, f)!r}' for f in fields)}" for name, c in configs.items())
+        warn_at_caller(
+            f"tokenmerge: the patched parts of this {type(model).__name__} have different options ({differ}); get_config "
+            f"returns {first}'s, tokenmerge.get_configs(model) each one's"
+        )
+    return next(iter(configs.values()), None)
 
 
 @contextlib.contextmanager
 def patched(model: Any, *args: Any, **options: Any) -> Iterator[Any]:
-    """``with tokenmerge.patched(pipe, ratio=0.5): ...``: the patch holds inside the block and is removed after it
-    (also on an exception), whatever was patched before."""
+    """``with tokenmerge.patched(pipe, ratio=0.5): ...``: the patch holds inside the block; after it (also on an
+    exception) the model is as it was found: unpatched, or patched by tokenmerge with its earlier options (each
+    denoiser its own). A tomesd patch it replaced is not put back (said)."""
+    before = [(root, state.config) for root, state in _patched_states(model)]
+    had_tomesd = any(isinstance(vars(m).get("_tome_info"), dict) for m in _all_modules(model))
     apply_patch(model, *args, **options)
     try:
         yield model
     finally:
         remove_patch(model)
+        with warnings.catch_warnings():  # said when these options were first applied
+            warnings.simplefilter("ignore")
+            for root, config in before:
+                apply_patch(root, config=config)
+        if had_tomesd:
+            warn_at_caller("tokenmerge: patched() replaced a tomesd patch; it is not put back (call tomesd.apply_patch again)")

@@ -90,6 +90,19 @@ class Family:
     members: tuple[str, ...] = field(default=())  # extra names for the matrix (ControlNets, ...)
     comfy: ComfyModel | None = None  # ComfyUI's implementation of the family, where the node reaches it
     timesteps: tuple[float, float] = (1000.0, 0.0)  # the timestep argument at pure noise and when clean (max_noise)
+    # Image size -> token grid for describe(): (px per token side at the highest-resolution level, as the family's
+    # pipelines encode and patch, video frames per latent frame after the VAE's causal first one, 0 on images), or a
+    # function of the denoiser where its config decides (Wan 2.2 TI2V's VAE compresses twice as much).
+    px: tuple[int, int] | Callable[[torch.nn.Module], tuple[int, int]] = (16, 0)
+
+    @property
+    def video(self) -> bool:
+        """Whether its token grids have a frame axis (st and a (t, h, w) kv_factor act on it)."""
+        return callable(self.px) or self.px[1] > 0
+
+    def pixels(self, root: torch.nn.Module) -> tuple[int, int]:
+        """(px per token side, video frames per latent frame) of this denoiser."""
+        return self.px(root) if callable(self.px) else self.px
 
 
 def _load() -> dict[str, Family]:
@@ -221,7 +234,8 @@ def discover(model: object) -> Discovery:
     for root in roots:
         for name, module in root.named_modules():
             modules.append(module)
-            if type(module).__name__ == "OptimizedModule":
+            # torch.compile(module) wraps it in an OptimizedModule; module.compile() compiles it in place
+            if type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None:
                 compiled.append(name or type(module).__name__)
             if id(module) in claimed:
                 continue
@@ -244,7 +258,9 @@ def discover(model: object) -> Discovery:
             components = getattr(model, "components", {}) or {}
             what = f"{what}'s " + ", ".join(f"{k} ({type(v).__name__})" for k, v in components.items() if isinstance(v, torch.nn.Module))
         raise TypeError(
-            f"{what} has no transformer blocks that tokenmerge can patch. Supported families: "
-            f"{_supported_titles()} (`tokenmerge support` lists their classes); tokenmerge accepts {ACCEPTED}"
+            f"{what}: no supported model family. tokenmerge patches a model only where a family module describes how its "
+            "blocks lay out their tokens (where the image, the text and the positions sit): a guessed layout could change "
+            f"the output silently. Supported families: {_supported_titles()} (`tokenmerge support` lists their classes); "
+            f"tokenmerge accepts {ACCEPTED}"
         )
     return Discovery(layouts, compiled, modules)

@@ -140,6 +140,7 @@ SMALL = {
 TEXT_TOKENS = 226
 # 49 frames (4x temporal VAE: 13 latent frames) at 480x720 px: CogVideoX-5b's default (1.5: 81 frames, 21).
 FAMILY = Family(
+    px=(16, 4),
     name="cogvideox",
     title="CogVideoX",
     classes=("CogVideoXTransformer3DModel",),

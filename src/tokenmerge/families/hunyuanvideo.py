@@ -106,6 +106,7 @@ I2V = {**CONFIG, "in_channels": 33, "image_condition_type": "token_replace"}
 SMALL_I2V = {**SMALL, "in_channels": 9, "image_condition_type": "token_replace"}
 TEXT_TOKENS = 256  # the pipeline's max_sequence_length (the prompt template's tokens cropped)
 FAMILY = Family(
+    px=(16, 4),
     name="hunyuanvideo",
     title="HunyuanVideo",
     classes=("HunyuanVideoTransformer3DModel",),

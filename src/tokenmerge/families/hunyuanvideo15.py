@@ -121,6 +121,7 @@ SMALL = {
 # The prompt after the template (at most 1000 tokens, not padded: its own length); 256 stands for a typical one.
 TEXT_TOKENS = 256
 FAMILY = Family(
+    px=(16, 4),
     name="hunyuanvideo15",
     title="HunyuanVideo 1.5",
     classes=("HunyuanVideo15Transformer3DModel",),

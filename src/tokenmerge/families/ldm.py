@@ -44,6 +44,7 @@ def layout(module: torch.nn.Module) -> DenoiserLayout | None:
 
 
 FAMILY = Family(
+    px=(8, 0),  # grids of the latent (SD's VAE: 8 px per cell)
     name="ldm",
     title="ldm / sgm UNet (webui, Forge, ComfyUI)",
     kind="unet",

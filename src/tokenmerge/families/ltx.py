@@ -83,6 +83,7 @@ SMALL = {
 }
 TEXT_TOKENS = 128  # the pipelines' max_sequence_length
 FAMILY = Family(
+    px=(32, 8),  # LTX's VAE: 32 px, 8 frames per latent cell, 1x1 patches
     name="ltx",
     title="LTX-Video",
     classes=("LTXVideoTransformer3DModel",),

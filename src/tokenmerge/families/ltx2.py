@@ -116,6 +116,7 @@ SMALL = {
 # Gemma 3 prompt through the connectors (padded to 1024 tokens by the pipeline).
 TEXT_TOKENS = 1024
 FAMILY = Family(
+    px=(32, 8),  # LTX's VAE: 32 px, 8 frames per latent cell, 1x1 patches
     name="ltx2",
     title="LTX-2",
     classes=("LTX2VideoTransformer3DModel",),

@@ -43,6 +43,7 @@ def layout(module: torch.nn.Module) -> DenoiserLayout | None:
 
 
 FAMILY = Family(
+    px=(8, 0),  # grids of the latent (SD's VAE: 8 px per cell)
     name="diffusers-unet",
     title="SD 1.x / 2.x / XL UNet (diffusers)",
     kind="unet",

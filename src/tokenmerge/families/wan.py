@@ -30,7 +30,18 @@ from typing import Any
 import torch
 
 from . import Example, Family
-from .base import Argument, ComfyModel, Container, DenoiserLayout, Follow, PerTokenTimestep, VideoGrid, clean_first_frame, self_cross_block
+from .base import (
+    Argument,
+    ComfyModel,
+    Container,
+    DenoiserLayout,
+    Follow,
+    PerTokenTimestep,
+    VideoGrid,
+    clean_first_frame,
+    config_int,
+    self_cross_block,
+)
 
 ROTARY = Follow("rotary_emb", dim=1, stream="image")
 
@@ -133,9 +144,18 @@ SMALL_VACE = {**SMALL, "vace_layers": [0], "vace_in_channels": 8}
 TEXT_TOKENS = 512
 # 81 frames (4x temporal VAE: 21 latent frames) at 480x832 px: the pipelines' default.
 FRAMES = 21
+
+
+def pixels(root: torch.nn.Module) -> tuple[int, int]:
+    """(px per token side, video frames per latent frame): 2x2 patches of the Wan VAE's 8 px cells, or of Wan 2.2's
+    16 px ones where the model takes its 48-channel latents (TI2V 5B); 4 frames per latent frame either way."""
+    return (32 if config_int(root, "in_channels", 16) == 48 else 16), 4
+
+
 FAMILY = Family(
     name="wan",
     title="Wan 2.1 / 2.2",
+    px=pixels,
     classes=("WanTransformer3DModel", "WanVACETransformer3DModel"),
     layout=layout,
     pipelines=("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline", "WanVACEPipeline"),

@@ -109,7 +109,7 @@ class DownsampleKeysValues:
     def __init__(self, patch: PatchState, block: int, site: int) -> None:
         self.patch = patch
         self.site = site
-        self.warnings = BlockWarnings(block)
+        self.warnings = BlockWarnings(patch, block)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         call = self.patch.current()
@@ -124,7 +124,7 @@ class DownsampleKeysValues:
             if kwargs.get(site.context_kwarg) is not None:  # this attention attends to a context already
                 return None
             if site.mask_kwarg is not None and kwargs.get(site.mask_kwarg) is not None:
-                self.warnings.warn_once("an attention mask over the tokens is set; its keys and values are not downsampled")
+                self.warnings.warn_once("kv mask", "an attention mask over the tokens is set; its keys and values are not downsampled")
                 return None
             if not projections_fused(module):
                 kv = downsample_tokens(first_tensor(args, kwargs), grid, factors, interpolation)
@@ -145,7 +145,7 @@ class CloseKeyValueMode:
 
     def __init__(self, patch: PatchState, block: int) -> None:
         self.patch = patch
-        self.warnings = BlockWarnings(block)
+        self.warnings = BlockWarnings(patch, block)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         mode = self.patch.close_mode(module, ReduceKeysValues)
@@ -160,7 +160,7 @@ class CloseKeyValueMode:
                 else "its attention is neither torch's scaled_dot_product_attention nor a diffusers dispatch backend, or its "
                 f"keys are not the {mode.layout.total} tokens of its call's layout ({mode.layout})"
             )
-            self.warnings.warn_once(f"keys and values were not downsampled: {reason}")
+            self.warnings.warn_once("kv not reached", f"keys and values were not downsampled: {reason}")
 
 
 class DownsampleProjectionInput:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ from ..config import TokenMergeConfig
 from ..families import get as get_family
 from ..families.base import Declined
 from ..notices import warn_at_caller
-from ..planning import IDLE, decide, kv_factors_for, merge_count, noise_level, plan_merge
+from ..planning import IDLE, NOISE_TOLERANCE, decide, kv_factors_for, merge_count, noise_level, plan_merge
 from . import dispatch
 from .parallel import ContextSplit, context_split
 from .state import BlockCall, BlockInfo, BlockWarnings, CallState, PatchState, in_backward
@@ -43,6 +44,19 @@ def image_tokens(x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     return x if start == 0 and n == x.shape[1] else x[:, start : start + n]
 
 
+# BeginCall hooks by id, for _traced (a function dynamo runs at trace time takes constants only).
+_BEGIN_CALLS: weakref.WeakValueDictionary[int, BeginCall] = weakref.WeakValueDictionary()
+
+
+@torch._dynamo.assume_constant_result
+def _traced(key: int) -> bool:
+    """Run by dynamo once, when it traces a call of a patched denoiser inside a compiled graph (never in eager)."""
+    hook = _BEGIN_CALLS.get(key)
+    if hook is not None:
+        hook.notice_compiled()
+    return True
+
+
 class BeginCall:
     """Forward pre-hook on the denoiser: open this thread's call (or, in backward, the recorded one)."""
 
@@ -50,6 +64,11 @@ class BeginCall:
         self.patch = patch
         self.timestep = patch.layout.timestep_reader()
         self.scale = get_family(patch.layout.family).timesteps
+        _BEGIN_CALLS[id(self)] = self
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # a copy (deepcopy, pickle) of a patched model
+        self.__dict__.update(state)
+        _BEGIN_CALLS[id(self)] = self
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         patch = self.patch
@@ -96,15 +115,39 @@ class BeginCall:
             )
 
     def _noise(self, t: torch.Tensor | None, config: TokenMergeConfig) -> float | None:
-        """The call's noise level where ``max_noise`` needs it (one host read; not inside a compiled graph)."""
-        if config.noise_limit >= 1 or config.is_identity or torch.compiler.is_compiling():
+        """The call's noise level where ``max_noise`` needs it (one host read; not inside a compiled graph). A call it
+        leaves whole is said once per patch (auto's default leaves most steps of a flow pipeline whole)."""
+        if config.noise_limit >= 1 or config.is_identity:
+            return None
+        if torch.compiler.is_compiling():
+            _traced(id(self))  # runs once, when the graph is traced: says that the gate cannot act
             return None
         if t is None:
             self.patch.notice(
                 "noise", f"its call has no timestep to read, so max_noise={config.noise_limit:g} cannot act: every step is reduced"
             )
             return None
-        return noise_level(t, self.scale)
+        noise = noise_level(t, self.scale)
+        if noise > config.noise_limit + NOISE_TOLERANCE:
+            default = " (auto's default)" if config.max_noise is None else ""
+            self.patch.notice(
+                "noise gate",
+                f"method={config.method!r} leaves this call whole: its noise level {noise:.3f} (1 = pure noise) is above "
+                f"max_noise={config.noise_limit:g}{default}, so only the later, less noisy steps are reduced (flow pipelines "
+                "shift their schedules toward noise: at large sizes or few steps none may be). tokenmerge.describe(pipe, "
+                "steps=N, size=...) counts them; max_noise=1 reduces every step (faster, less faithful)",
+            )
+        return noise
+
+    def notice_compiled(self) -> None:
+        """Under torch.compile of the whole denoiser the timestep is not read: every step is reduced (said once)."""
+        config = self.patch.config
+        self.patch.notice(
+            "compiled noise gate",
+            f"the whole model is compiled, where the call's timestep cannot be read: max_noise={config.noise_limit:g} cannot "
+            f"act and every step is reduced (for method={config.method!r} the speed-first setting). Compile its blocks "
+            "instead (diffusers' model.compile_repeated_blocks()) to keep the noise gate",
+        )
 
     def _timestep(self, args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
         t = self.timestep(args, kwargs) if self.timestep is not None else None
@@ -209,7 +252,7 @@ class PlanBlock:
     def __init__(self, patch: PatchState, info: BlockInfo) -> None:
         self.patch = patch
         self.info = info  # read through, never by index: see CallState.running
-        self.warnings = BlockWarnings(info.index)
+        self.warnings = BlockWarnings(patch, info.index)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         patch, info = self.patch, self.info
@@ -254,14 +297,18 @@ class PlanBlock:
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or layout is None:
             quiet = layout is None and info.container in call.declined
             if not quiet and not call.config.is_identity and call.config.merges_level(info.level, self.patch.layout.top_level):
-                self.warnings.warn_once("could not read its (batch, tokens, channels) input or its token layout; it runs unchanged")
+                self.warnings.warn_once(
+                    "unreadable", "could not read its (batch, tokens, channels) input or its token layout; it runs unchanged"
+                )
             return IDLE
         stream = layout.stream(info.layout.input_stream)
         if call.split is not None and x.shape[1] != stream.total:
             # A block whose inputs the context-parallel plan splits (inside its forward) is handed the whole sequence.
             x = call.split.chunk(x)
         if x.shape[1] != stream.total:
-            self.warnings.warn_once(f"got {x.shape[1]} tokens where its call's layout ({stream}) has {stream.total}; it runs unchanged")
+            self.warnings.warn_once(
+                "token count", f"got {x.shape[1]} tokens where its call's layout ({stream}) has {stream.total}; it runs unchanged"
+            )
             return IDLE
         grid, shard = layout.grid, layout.shard
         if shard is not None and (refused := self._refused_on_shard(call.config, layout)):
@@ -321,25 +368,22 @@ class PlanBlock:
         return None
 
     def _warn_if_void(self, config: TokenMergeConfig, grid: TokenGrid, action: Any, info: Any) -> None:
-        """Options that reach this block but cannot act on its grid are said once, with the effective value."""
+        """Options that reach this block but cannot act on its grid are said once, with the effective value (options
+        that cannot act on the model's family at all are said by apply_patch)."""
         if config.is_identity or not config.merges_level(info.level, self.patch.layout.top_level):
             return
-        if grid.rank < 3:  # a frame option on an image acts on nothing but its sides
-            frame_option = f"st={config.st}" if config.method == "tome" and config.st > 1 else None
-            if config.method == "todo" and isinstance(config.kv_factor, tuple) and config.kv_factor[0] > 1:
-                frame_option = f"kv_factor={config.kv_factor}"
-            if frame_option:
-                self.warnings.warn_once(f"its {grid} token grid has no frames: {frame_option} acts on its spatial sides only")
         if config.method == "tome" and action.idle and merge_count(config, grid) == 0:
             self.warnings.warn_once(
+                "no window",
                 f"its {grid} token grid holds no whole sy x sx = {config.sy}x{config.sx} destination window: nothing is "
-                "merged (effective ratio 0); use smaller sx / sy"
+                "merged (effective ratio 0); use smaller sx / sy",
             )
         elif action.kv_grid is not None and any(f > s for f, s in zip(action.kv_factors, grid.shape)):
             kept = grid.reduced(action.kv_factors)
             self.warnings.warn_once(
+                "factor beyond grid",
                 f"key/value factor {action.kv_label} exceeds a side of its {grid} token grid: its {grid.numel} keys "
-                f"become {kept.numel} ({kept})"
+                f"become {kept.numel} ({kept})",
             )
 
     def _plan(self, x: torch.Tensor, grid: TokenGrid, call: CallState, info: Any) -> MergePlan | None:

@@ -116,16 +116,15 @@ class BlockInfo:
 
 
 class BlockWarnings:
-    """A transformer block's hook warns about one cause once per patch, not on every call."""
+    """What a block's hook says about one cause: once per patch (and options), whichever block meets it first, never
+    once per block (a real-depth model has dozens)."""
 
-    def __init__(self, block: int) -> None:
+    def __init__(self, patch: PatchState, block: int) -> None:
+        self.patch = patch
         self.block = block
-        self.warned = False
 
-    def warn_once(self, message: str) -> None:
-        if not self.warned:
-            self.warned = True
-            warn_at_caller(f"tokenmerge: transformer block {self.block}: {message}")
+    def warn_once(self, cause: str, message: str) -> None:
+        self.patch.notice(f"block: {cause}", f"transformer block {self.block}: {message} (said once, for every block it concerns)")
 
 
 class PatchState:

@@ -36,7 +36,7 @@ class _SpanHook:
         self.patch = patch
         self.block = block
         self.span = span
-        self.warnings = BlockWarnings(block)
+        self.warnings = BlockWarnings(patch, block)
 
     def block_call(self) -> BlockCall | None:
         call = self.patch.current()
@@ -86,8 +86,9 @@ class EnterSpan(_SpanHook):
         b = x.shape[0]
         if x.shape[1] != stream.total:
             self.warnings.warn_once(
+                "chunked sub-layer",
                 f"a sub-layer sees {x.shape[1]} of the {stream.total} tokens of its stream ({stream}; feed-forward chunking "
-                "along the sequence?); it runs unmerged"
+                "along the sequence?); it runs unmerged",
             )
             return None
         if b == plan.batch_size or plan.batch_size == 1:
@@ -113,7 +114,7 @@ class EnterSpan(_SpanHook):
         if plan is None:
             return None
         if self.mask_kwarg is not None and kwargs.get(self.mask_kwarg) is not None:
-            self.warnings.warn_once("an attention mask over the tokens is set; that sub-layer runs unmerged")
+            self.warnings.warn_once("mask", "an attention mask over the tokens is set; that sub-layer runs unmerged")
             return None
         merged = self._enter(first_tensor(args, kwargs), block, plan)
         return None if merged is None else replace_first(args, kwargs, merged)
@@ -223,7 +224,9 @@ class FollowMerge(_SpanHook):
             return t
         dim = self.follow.dim % t.ndim
         if t.shape[dim] != layout.total:
-            self.warnings.warn_once(f"{self.follow.argument} has {t.shape[dim]} rows along dim {self.follow.dim}, not {layout.total}")
+            self.warnings.warn_once(
+                "follow rows", f"{self.follow.argument} has {t.shape[dim]} rows along dim {self.follow.dim}, not {layout.total}"
+            )
             return t
         if plan.batch_size == 1:
             return t.index_select(dim, layout.kept_rows(plan.keep_idx[0].to(t.device)))

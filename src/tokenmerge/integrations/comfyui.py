@@ -35,7 +35,7 @@ from ..algorithms import MergePlan, TokenGrid, downsample_tokens
 from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig
 from ..families import ldm
 from ..notices import warn_at_caller
-from ..planning import IDLE, block_key, decide, plan_merge
+from ..planning import IDLE, NOISE_TOLERANCE, block_key, decide, plan_merge
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
 _STAGES = {"input": 1, "middle": 2, "output": 3}
@@ -98,6 +98,7 @@ class SharedPatch:
 
     _local: threading.local
     _noise_warned = False
+    _gate_noticed = False
     config: TokenMergeConfig
 
     def __getstate__(self) -> dict[str, Any]:
@@ -118,6 +119,15 @@ class SharedPatch:
             self._noise_warned = True
             warn_at_caller(
                 f"tokenmerge: this step's noise level cannot be read, so max_noise={self.config.noise_limit:g} cannot act: every step is reduced",
+            )
+        elif noise is not None and noise > self.config.noise_limit + NOISE_TOLERANCE and not self._gate_noticed:
+            self._gate_noticed = True
+            default = " (auto's default)" if self.config.max_noise is None else ""
+            warn_at_caller(
+                f"tokenmerge: method={self.config.method!r} leaves this step whole: its noise level {noise:.3f} (1 = pure noise) "
+                f"is above max_noise={self.config.noise_limit:g}{default}, so only the later, less noisy steps are reduced (flow "
+                "models' shifted schedules may have none at large sizes or few steps); set max_noise=1 on the node to reduce "
+                "every step (faster, less faithful)"
             )
         return noise
 
