@@ -166,9 +166,9 @@ def test_patched_context_manager_restores_the_patch_it_found(sd15_small):
 
 
 def test_get_config_of_a_pipeline_whose_parts_differ_says_so_and_get_configs_gives_each():
-    from tokenmerge.tools.architectures import build_model
-
     from diffusers import FluxControlNetModel
+
+    from tokenmerge.tools.architectures import build_model
 
     transformer = build_model("flux", small=True)
     controlnet = FluxControlNetModel(**{k: v for k, v in transformer.config.items() if not k.startswith("_") and k != "out_channels"})

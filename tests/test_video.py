@@ -8,9 +8,8 @@ computed directly), the condition frame of Wan 2.2 TI2V never reduced, ``st`` an
 
 from __future__ import annotations
 
-import warnings
-
 import math
+import warnings
 
 import pytest
 import torch
