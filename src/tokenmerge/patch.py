@@ -206,21 +206,27 @@ def update_options(model: Any, **changes: Any) -> TokenMergeConfig:
     return config
 
 
-def get_configs(model: Any) -> dict[str, TokenMergeConfig]:
-    """The options of each patched denoiser of ``model``, by where it sits (a pipeline's component name, with the
-    module's path inside it where it is not the component itself: ``"transformer"``, ``"controlnet"``,
-    ``"transformer_2"``); empty if nothing is patched."""
-    found: dict[str, TokenMergeConfig] = {}
+def named_states(model: Any) -> list[tuple[str, PatchState]]:
+    """Each patched denoiser of ``model`` with where it sits: a pipeline's component name, with the module's path
+    inside it where it is not the component itself (``"transformer"``, ``"controlnet"``, ``"transformer_2"``); a
+    module's path in the model ("" for the model itself)."""
     if has_class_named(model, "DiffusionPipeline"):
         named = [(k, v) for k, v in (getattr(model, "components", {}) or {}).items() if isinstance(v, torch.nn.Module)]
     else:
         named = [("", root) for root in roots_of(model)]
+    found = []
     for component, root in named:
         for path, module in root.named_modules():
             state = vars(module).get(STATE_ATTR)
             if isinstance(state, PatchState):
-                found[".".join(p for p in (component, path) if p) or type(module).__name__] = state.config
+                found.append((".".join(p for p in (component, path) if p), state))
     return found
+
+
+def get_configs(model: Any) -> dict[str, TokenMergeConfig]:
+    """The options of each patched denoiser of ``model``, by where it sits (:func:`named_states`; the class name for
+    the model itself); empty if nothing is patched."""
+    return {name or type(state.layout.root).__name__: state.config for name, state in named_states(model)}
 
 
 def get_config(model: Any) -> TokenMergeConfig | None:

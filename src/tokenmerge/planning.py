@@ -99,9 +99,16 @@ def auto_kv_factors(grid: TokenGrid, max_keys: int, min_tokens: int, max_factor:
     return (1,) * (grid.rank - 3) + (2, f, f)
 
 
-# A timestep the pipeline passed in bfloat16 (t / 1000 = 0.4 is 0.40039) still counts as its step: half of
-# bfloat16's spacing near 1.
+# How far above max_noise a call still counts as reduced: half of bfloat16's spacing near 1, so that a timestep the
+# pipeline passed in bfloat16 counts as its step (t / 1000 = 0.4 arrives as 0.40039).
 NOISE_TOLERANCE = 2**-9
+
+
+def gated(config: TokenMergeConfig, noise: float | None) -> bool:
+    """Whether the noise gate leaves a call at ``noise`` whole: its noise level is above ``max_noise`` (the method's
+    default where unset) by more than :data:`NOISE_TOLERANCE` (0.4 admits up to 0.40195: a step at t = 401 of 1000,
+    where DDIM's leading spacing puts one, is reduced). ``None`` (not read) is never gated."""
+    return noise is not None and config.noise_limit < 1 and noise > config.noise_limit + NOISE_TOLERANCE
 
 
 def noise_level(timestep: torch.Tensor, scale: tuple[float, float]) -> float:
@@ -181,7 +188,7 @@ def decide(
     downsample the same way at every step: their error moves with the tokens, and the cache still reuses steps)."""
     if config.is_identity or grid is None or not config.merges_level(level, top_level):
         return IDLE
-    if noise is not None and noise > config.noise_limit + NOISE_TOLERANCE:
+    if gated(config, noise):
         return IDLE
     if config.method == "tome" and decides_cache:
         return IDLE

@@ -14,7 +14,7 @@ from ..config import TokenMergeConfig
 from ..families import get as get_family
 from ..families.base import Declined
 from ..notices import warn_at_caller
-from ..planning import IDLE, NOISE_TOLERANCE, decide, kv_factors_for, merge_count, noise_level, plan_merge
+from ..planning import IDLE, decide, gated, kv_factors_for, merge_count, noise_level, plan_merge
 from . import dispatch
 from .parallel import ContextSplit, context_split
 from .state import BlockCall, BlockInfo, BlockWarnings, CallState, PatchState, in_backward
@@ -128,7 +128,7 @@ class BeginCall:
             )
             return None
         noise = noise_level(t, self.scale)
-        if noise > config.noise_limit + NOISE_TOLERANCE:
+        if gated(config, noise):
             default = " (auto's default)" if config.max_noise is None else ""
             self.patch.notice(
                 "noise gate",

@@ -35,7 +35,7 @@ from ..algorithms import MergePlan, TokenGrid, downsample_tokens
 from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig
 from ..families import ldm
 from ..notices import warn_at_caller
-from ..planning import IDLE, NOISE_TOLERANCE, block_key, decide, plan_merge
+from ..planning import IDLE, block_key, decide, gated, plan_merge
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
 _STAGES = {"input": 1, "middle": 2, "output": 3}
@@ -120,7 +120,7 @@ class SharedPatch:
             warn_at_caller(
                 f"tokenmerge: this step's noise level cannot be read, so max_noise={self.config.noise_limit:g} cannot act: every step is reduced",
             )
-        elif noise is not None and noise > self.config.noise_limit + NOISE_TOLERANCE and not self._gate_noticed:
+        elif gated(self.config, noise) and not self._gate_noticed:
             self._gate_noticed = True
             default = " (auto's default)" if self.config.max_noise is None else ""
             warn_at_caller(
