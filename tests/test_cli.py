@@ -209,3 +209,54 @@ def test_bench_compiles_the_model_or_its_blocks_and_every_variant_acts(mode, ext
 def test_bench_refuses_a_compile_it_cannot_do(argv, error):
     with pytest.raises(SystemExit, match=error):
         main(["bench", "--small", "--sizes", "128", "--repeats", "0", *argv])
+
+
+def test_version_and_a_bare_command_say_what_tokenmerge_is(capsys):
+    from tokenmerge import __version__
+
+    with pytest.raises(SystemExit) as error:
+        main(["--version"])
+    assert error.value.code == 0 and capsys.readouterr().out.strip() == f"tokenmerge {__version__}"
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "Training-free token reduction for diffusion models" in out and "describe" in out and "bench" in out
+
+
+def test_describe_a_family_at_a_size_in_pixels(capsys):
+    assert main(["describe", "wan", "--size", "480x832", "--frames", "81", "--config", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "WanTransformer3DModel (Wan 2.1 / 2.2): 30 of 30 blocks patched, method=auto, at a 21x30x52 token grid" in out
+    assert "factor 2x2x2" in out  # 480p: every second frame, 2 per side
+
+
+def test_describe_a_diffusers_folder_counts_the_steps_its_scheduler_reduces(tmp_path, capsys):
+    """A folder's configs only (the transformer built on the meta device): Flux.1 at 1024 px, 28 steps, auto's default."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from tokenmerge.tools.architectures import build_model
+
+    (tmp_path / "transformer").mkdir()
+    build_model("flux", small=True).save_config(tmp_path / "transformer")
+    FlowMatchEulerDiscreteScheduler(
+        use_dynamic_shifting=True, base_image_seq_len=256, max_image_seq_len=4096, base_shift=0.5, max_shift=1.15
+    ).save_pretrained(tmp_path / "scheduler")
+    index = {"_class_name": "FluxPipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}
+    index |= {"transformer": ["diffusers", "FluxTransformer2DModel"], "vae": [None, None]}
+    index |= dict.fromkeys(("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"), [None, None])
+    (tmp_path / "model_index.json").write_text(json.dumps(index))
+    assert main(["describe", str(tmp_path), "--size", "1024", "--steps", "28"]) == 0
+    assert "steps: reduces 4 of 28 (steps 25-28)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["eval", "--model", "no/such/folder"], "tokenmerge eval: error: --model must be one of"),
+        (["describe", "sd4"], "tokenmerge describe: error:"),
+        (["describe", "flux", "--steps", "28"], "give a diffusers folder"),
+    ],
+)
+def test_a_missing_model_is_a_usage_error_not_a_traceback(argv, message):
+    with pytest.raises(SystemExit) as error:
+        main(argv)
+    assert message in str(error.value.code)

@@ -285,3 +285,31 @@ def test_a_configuration_identical_to_vanilla_summarises_and_plots(tmp_path):
     assert set(groups) == {"tokenmerge tome (ratio)", "step caches alone", "tokenmerge + cache-dit DBCache"}
     save_frontier(results, tmp_path / "frontier.png", "test", highlight=("tokenmerge r=0.5",))
     assert (tmp_path / "frontier.png").stat().st_size > 1000
+
+
+def test_eval_without_the_photograph_packages_says_so_first_and_keeps_its_results(tiny_reference, tmp_path, capsys, monkeypatch):
+    """After the README's `pip install -e ".[eval]"` the photographs' packages (installed --no-deps by .ci/run) may be
+    missing: eval says so before it samples, naming the install, skips the photograph checks and still writes every
+    result."""
+    import tokenmerge.tools.reference.photos as photos
+
+    monkeypatch.setattr(photos, "missing", lambda photos=None: {"sporco", "sklearn"})
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--model", str(tiny_reference), "--seeds", "1", "--steps", "2", "--size", "32", "--configs", "tome:0.5"]
+    assert main([*argv, "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "pip install --no-deps scikit-learn sporco==0.2.2.post1" in captured.err and "they are skipped" in captured.err
+    assert "nearest training crop" not in captured.out and "| tokenmerge r=0.5 |" in captured.out
+    assert {r["config"] for r in json.loads(out.read_text())["results"]} == {"vanilla", "tokenmerge r=0.5"}
+
+
+def test_a_configuration_identical_to_vanilla_reads_identical_in_the_paired_table():
+    from tokenmerge.tools.evaluate import Result, format_paired, paired_against
+
+    results = [
+        Result("vanilla"),
+        Result("tokenmerge r=0.5", psnr=[30.0, 31.0]),
+        Result("tokenmerge auto", psnr=[float("inf")] * 2),  # its default left every step whole
+    ]
+    table = format_paired(paired_against(results, "tokenmerge r=0.5"))
+    assert "| tokenmerge auto | 2/2 seeds | identical to vanilla |" in table and "nan" not in table

@@ -10,6 +10,7 @@ same computation, so the per-block speed-up carries over). Used by the CLI and t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -192,3 +193,49 @@ def unet_inputs(unet: torch.nn.Module, height: int, width: int, batch: int = 2, 
             "time_ids": torch.tensor([[height * 8, width * 8, 0, 0, height * 8, width * 8]] * batch, dtype=dtype),
         }
     return inputs
+
+
+def meta_model(name: str) -> torch.nn.Module:
+    """The published architecture of ``name`` on the meta device: every module and shape, no memory, no weights (for
+    ``tokenmerge describe``: what a patch does needs no forward)."""
+    with torch.device("meta"):
+        return build_model(name)
+
+
+def meta_pipeline(folder: str | Path) -> Any:
+    """A diffusers pipeline folder's pipeline with its scheduler and, on the meta device, every model of a family
+    tokenmerge knows (built from its ``config.json``: no weights read); its other components (encoders, VAE) absent.
+    For ``tokenmerge describe``."""
+    import json
+
+    import diffusers
+
+    from ..families import family_of
+
+    folder = Path(folder)
+    index = folder / "model_index.json"
+    if not index.is_file():
+        raise FileNotFoundError(f"{folder} is not a diffusers pipeline folder (it has no model_index.json)")
+    entries = json.loads(index.read_text())
+    cls = getattr(diffusers, entries["_class_name"], None)
+    if cls is None:
+        raise ValueError(f"{folder}: diffusers {diffusers.__version__} has no pipeline {entries['_class_name']}")
+    components: dict[str, Any] = {}
+    for key, value in entries.items():
+        if key.startswith("_"):
+            continue
+        if not (isinstance(value, list) and len(value) == 2):
+            components[key] = value  # a pipeline setting (Wan 2.2's boundary_ratio, ...)
+            continue
+        component = getattr(diffusers, value[1] or "", None)
+        if component is None:
+            components[key] = None
+        elif key == "scheduler":
+            components[key] = component.from_pretrained(folder, subfolder=key)
+        elif issubclass(component, torch.nn.Module):
+            with torch.device("meta"):
+                model = component.from_config(component.load_config(folder / key))
+            components[key] = model if family_of(model) is not None else None
+        else:
+            components[key] = None
+    return cls(**components)

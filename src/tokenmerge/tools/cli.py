@@ -1,6 +1,7 @@
 """Command line: ``tokenmerge bench`` (speed and fidelity on built-in architectures), ``tokenmerge eval`` (image
-quality on the trained reference models or a local pipeline), ``tokenmerge train-reference`` and
-``tokenmerge support`` (the support matrix from the family registry)."""
+quality on the trained reference models or a local pipeline), ``tokenmerge describe`` (what a patch does to a
+family's model or a diffusers folder, block by block, at a size), ``tokenmerge train-reference`` and ``tokenmerge
+support`` (the support matrix from the family registry)."""
 
 from __future__ import annotations
 
@@ -154,9 +155,21 @@ def _eval(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         sampler = make_sampler(args.model, args.size, args.steps, args.guidance, args.frames)
-    except ValueError as error:
+    except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"tokenmerge eval: error: {error}") from error
     kind = sampler.model.kind if isinstance(sampler, ReferenceSampler) else None
+    checks = isinstance(sampler, ReferenceSampler)  # the photograph checks after sampling: said now if they cannot run
+    if checks:
+        from .reference.photos import install_command, missing
+
+        absent = missing()
+        if absent:
+            checks = False
+            print(
+                "tokenmerge eval: the nearest-class check and the attention-structure table need the photographs that ship "
+                f"in {', '.join(sorted(absent))}; they are skipped (install them with: {install_command(absent)})",
+                file=sys.stderr,
+            )
     try:
         configs = [PatchSpec.parse(spec) for spec in args.configs] if args.configs else default_configs(kind)
     except (ValueError, TypeError) as error:
@@ -177,24 +190,27 @@ def _eval(args: argparse.Namespace) -> int:
             raise SystemExit(f"tokenmerge eval: error: {error}") from error
         print(format_paired(paired))
         extra["paired"] = paired
-    if isinstance(sampler, ReferenceSampler):
+    frames = {"frames": sampler.frames} if getattr(sampler, "frames", 0) else {}
+    meta = dict(model=args.model or "unet", size=sampler.size, steps=args.steps, seeds=len(seeds), first_seed=args.first_seed, **frames)
+
+    def write_json() -> None:
+        if args.json:
+            Path(args.json).write_text(results_json(results, **meta, **extra))
+
+    write_json()  # the computed results first: nothing after may lose them
+    if args.grid:
+        save_grid(images, args.grid)
+    if args.frontier:
+        save_frontier(results, args.frontier, header, highlight=tuple(PatchSpec.parse(h).name for h in args.label))
+    if checks:
         accuracy = nearest_class_accuracy(images["vanilla"], [sampler.label(s) for s in seeds], sampler.model.class_names)
         extra["vanilla_nearest_class_accuracy"] = accuracy
         print(
             f"vanilla samples whose nearest training crop is from their own photograph: {accuracy:.0%} (chance {1 / sampler.model.num_classes:.0%})"
         )
+        write_json()
         if args.structure:
             print(structure_table(sampler))
-    if args.json:
-        frames = {"frames": sampler.frames} if getattr(sampler, "frames", 0) else {}
-        meta = dict(
-            model=args.model or "unet", size=sampler.size, steps=args.steps, seeds=len(seeds), first_seed=args.first_seed, **frames, **extra
-        )
-        Path(args.json).write_text(results_json(results, **meta))
-    if args.grid:
-        save_grid(images, args.grid)
-    if args.frontier:
-        save_frontier(results, args.frontier, header, highlight=tuple(PatchSpec.parse(h).name for h in args.label))
     return 0
 
 
@@ -239,6 +255,31 @@ def _support(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe(args: argparse.Namespace) -> int:
+    """``tokenmerge describe MODEL``: a family's published architecture (built on the meta device: no memory, no
+    download) or a local diffusers folder's (its configs only), patched with ``--config``, described at a size."""
+    from .. import apply_patch, describe
+    from .architectures import meta_model, meta_pipeline
+    from .specs import PatchSpec
+
+    try:
+        spec = PatchSpec.parse(args.config)
+        if spec.method in ("tomesd", "none") or spec.accelerators:
+            raise ValueError(f"--config is a tokenmerge configuration (tome, todo or auto, with options), got {args.config!r}")
+        if Path(args.model).is_dir():
+            target = meta_pipeline(args.model)
+        elif args.steps:
+            raise ValueError("--steps counts a pipeline's scheduler steps: give a diffusers folder, not a model family")
+        else:
+            target = meta_model(args.model)
+        apply_patch(target, **spec.kwargs())
+        size = args.size if isinstance(args.size, tuple) else (args.size, args.size)
+        print(describe(target, size=size, frames=args.frames, steps=args.steps or None))
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        raise SystemExit(f"tokenmerge describe: error: {error}") from error
+    return 0
+
+
 def _positive_size(value: str) -> int | tuple[int, int]:
     """A square side (1024) or, for video models, height x width (480x832): px, multiples of 16."""
     try:
@@ -255,10 +296,16 @@ def _positive_size(value: str) -> int | tuple[int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
     from .reference.models import DEFAULT_KIND, KINDS
 
-    parser = argparse.ArgumentParser(prog="tokenmerge", description="Token Merging for Stable Diffusion.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="tokenmerge",
+        description="Training-free token reduction for diffusion models (token merging, token downsampling, auto): "
+        "benchmark it, measure its quality, see what it does to a model.",
+    )
+    parser.add_argument("--version", action="version", version=f"tokenmerge {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     bench = commands.add_parser(
         "bench",
         help="time vanilla / tomesd / tokenmerge forwards on a built-in architecture (random weights)",
@@ -443,6 +490,21 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-finish", dest="finish", action="store_false", help="skip the final measurements, sample grid and model card")
     tr.add_argument("--finish-only", action="store_true", help="only measure the run's weights and write its model card")
     tr.set_defaults(func=_train)
+    desc = commands.add_parser(
+        "describe",
+        help="what a patch does to a model family's published architecture or a diffusers folder, block by block, at a size",
+        description="Builds the model from its config on the meta device (no weights, no memory, no download), patches it "
+        "with --config and prints each block's action at --size; with a diffusers folder and --steps, how many of its "
+        "scheduler's steps the noise gate (max_noise) reduces.",
+    )
+    desc.add_argument("model", help=f"a model family's example ({', '.join(TRANSFORMERS + UNETS)}) or a diffusers pipeline folder")
+    desc.add_argument(
+        "--config", default="auto", metavar="SPEC", help="the patch: tome:0.5, todo:2, auto, 'auto,max_noise=1', ... (default auto)"
+    )
+    desc.add_argument("--size", type=_positive_size, default=1024, help="image size in px, or height x width (default 1024)")
+    desc.add_argument("--frames", type=int, help="video models: video frames (e.g. 81)")
+    desc.add_argument("--steps", type=int, default=0, help="a diffusers folder: count the reduced steps of a generation of N steps")
+    desc.set_defaults(func=_describe)
     support = commands.add_parser(
         "support",
         help="print the support matrix (model family x method x front end, with the classes) from the family registry",
@@ -454,7 +516,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `tokenmerge`: what it can do, not an argparse complaint
+        parser.print_help()
+        return 0
     return args.func(args)
 
 

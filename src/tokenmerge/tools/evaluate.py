@@ -288,6 +288,7 @@ def paired_against(results: list[Result], baseline: str) -> list[dict[str, Any]]
                 "psnr_gap_mean": statistics.fmean(gaps) if gaps else float("nan"),
                 "psnr_gap_std": statistics.pstdev(gaps) if gaps else float("nan"),
                 "psnr_gap_per_seed": [a - b for a, b in zip(r.psnr, base)],
+                "identical_to_vanilla": not any(np.isfinite(a) for a in r.psnr),
             }
         )
     return rows
@@ -301,11 +302,16 @@ def format_paired(rows: list[dict[str, Any]]) -> str:
         "| configuration | PSNR >= baseline's | PSNR gap (dB) |",
         "|---|---|---|",
     ]
-    lines += [
-        f"| {r['config']} | {r['at_least_as_good']}/{r['seeds']} seeds | {r['psnr_gap_mean']:+.2f} ± {r['psnr_gap_std']:.2f} |"
-        for r in rows
-    ]
+    lines += [f"| {r['config']} | {r['at_least_as_good']}/{r['seeds']} seeds | {_gap(r)} |" for r in rows]
     return "\n".join(lines)
+
+
+def _gap(row: dict[str, Any]) -> str:
+    """A paired row's PSNR gap: mean ± spread over the seeds where both PSNRs are finite; where none is, the
+    configuration's images are vanilla's (infinite PSNR: it changed nothing), said as such."""
+    if np.isfinite(row["psnr_gap_mean"]):
+        return f"{row['psnr_gap_mean']:+.2f} ± {row['psnr_gap_std']:.2f}"
+    return "identical to vanilla" if row["identical_to_vanilla"] else "the baseline is identical to vanilla"
 
 
 def results_json(results: list[Result], **meta: Any) -> str:

@@ -23,6 +23,15 @@ DEFAULT_CROP_SCALE = (0.25, 1.0)
 EXTRA_PACKAGES = ("sporco==0.2.2.post1", "plenoptic==2.1.1", "mahotas==1.4.19", "imgaug==0.4.0", "cartopy==0.26.0")
 
 
+# The distribution that installs each package the photographs lie in, where its name differs from the import name.
+DISTRIBUTIONS = {"skimage": "scikit-image", "sklearn": "scikit-learn"} | {p.split("==")[0]: p for p in EXTRA_PACKAGES}
+
+
+def install_command(packages: set[str] | list[str]) -> str:
+    """The pip command that installs ``packages`` (import names) as the reference tools need them (data only)."""
+    return "pip install --no-deps " + " ".join(sorted(DISTRIBUTIONS.get(p, p) for p in packages))
+
+
 @dataclass(frozen=True)
 class Photo:
     name: str  # "package:file"
@@ -33,7 +42,7 @@ class Photo:
     def file(self) -> Path:
         spec = importlib.util.find_spec(self.package)
         if spec is None or not spec.submodule_search_locations:
-            raise FileNotFoundError(f"{self.name}: package {self.package!r} is not installed (pip install --no-deps {self.package})")
+            raise FileNotFoundError(f"{self.name}: package {self.package!r} is not installed ({install_command([self.package])})")
         path = Path(list(spec.submodule_search_locations)[0]) / self.path
         if not path.is_file():
             raise FileNotFoundError(f"{self.name}: {path} is missing")
@@ -163,3 +172,8 @@ def random_clips(
             clip = clip.flip(-1)
         clips.append(clip.transpose(0, 1))
     return torch.stack(clips), labels
+
+
+def missing(photos: tuple[Photo, ...] | None = None) -> set[str]:
+    """The packages (import names) of ``photos`` (default: every training and held-out one) that are not installed."""
+    return {p.package for p in (photos if photos is not None else TRAINING + HELD_OUT) if importlib.util.find_spec(p.package) is None}
