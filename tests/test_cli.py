@@ -242,7 +242,7 @@ def test_describe_a_diffusers_folder_counts_the_steps_its_scheduler_reduces(tmp_
     ).save_pretrained(tmp_path / "scheduler")
     index = {"_class_name": "FluxPipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}
     index |= {"transformer": ["diffusers", "FluxTransformer2DModel"], "vae": [None, None]}
-    index |= dict.fromkeys(("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"), [None, None])
+    index |= {key: [None, None] for key in ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")}
     (tmp_path / "model_index.json").write_text(json.dumps(index))
     assert main(["describe", str(tmp_path), "--size", "1024", "--steps", "28"]) == 0
     assert "steps: reduces 4 of 28 (steps 25-28)" in capsys.readouterr().out
