@@ -157,10 +157,10 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture
 def recorded_plans(monkeypatch) -> list:
     """Every merge plan the hooks compute while the test runs, in order."""
-    import tokenmerge.hooks.calls
+    import tokenmerge.methods.tome
 
     plans: list = []
-    real = tokenmerge.hooks.calls.plan_merge
+    real = tokenmerge.methods.tome.plan_merge
 
     def recording(*args, **kwargs):
         plan = real(*args, **kwargs)
@@ -168,7 +168,7 @@ def recorded_plans(monkeypatch) -> list:
             plans.append(plan)
         return plan
 
-    monkeypatch.setattr(tokenmerge.hooks.calls, "plan_merge", recording)
+    monkeypatch.setattr(tokenmerge.methods.tome, "plan_merge", recording)
     return plans
 
 

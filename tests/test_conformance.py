@@ -19,7 +19,6 @@ import torch
 import tokenmerge
 from tokenmerge.algorithms import TokenGrid, nearest_indices
 from tokenmerge.families import examples
-from tokenmerge.planning import kv_factors_for
 from tokenmerge.tools.architectures import at_noise, build_model, timestep_scale, transformer_inputs, transformer_output
 
 from conftest import AttentionCalls
@@ -124,7 +123,8 @@ def test_keys_and_values_of_the_image_only_are_downsampled(name, references, met
         patched = attention_calls(name, inputs)
     grid = layout.grid
     assert layout.references or not references  # (some calls carry references of their own: Wan 2.2 TI2V's first frame)
-    factors = kv_factors_for(tokenmerge.TokenMergeConfig(**METHODS[method]), grid)
+    config = tokenmerge.TokenMergeConfig(**METHODS[method])
+    factors = config.method_of.factors(config, grid)
     keep = nearest_indices(grid, factors, "nearest-exact", torch.device("cpu"))
     assert len(patched) == len(vanilla)
     reduced = []

@@ -8,7 +8,8 @@ import torch
 
 import tokenmerge
 from tokenmerge.config import AUTO_MAX_NOISE, TokenMergeConfig
-from tokenmerge.planning import IDLE, decide, noise_level
+from tokenmerge.methods import BlockFacts
+from tokenmerge.planning import decide, noise_level
 from tokenmerge.tools.architectures import build_model, transformer_inputs
 
 from conftest import AttentionCalls, sd_inputs
@@ -29,10 +30,10 @@ def test_decide_leaves_steps_noisier_than_the_limit_alone():
     from tokenmerge.algorithms import TokenGrid
 
     config, grid = TokenMergeConfig(method="todo", max_noise=0.5), TokenGrid((32, 32))
-    kw = dict(level=1, top_level=1, grid=grid, make_plan=lambda: None)
-    assert decide(config, **kw, noise=0.51) is IDLE
-    assert decide(config, **kw, noise=0.5).kv_factors == (2, 2)
-    assert decide(config, **kw, noise=None).kv_factors == (2, 2)  # not read: every step
+    facts = lambda noise: BlockFacts(level=1, top_level=1, grid=grid, noise=noise)  # noqa: E731
+    assert decide(config, facts(0.51)).idle and "noise level above max_noise=0.5" in decide(config, facts(0.51)).reason
+    assert decide(config, facts(0.5)).kv_factors == (2, 2)
+    assert decide(config, facts(None)).kv_factors == (2, 2)  # not read: every step
 
 
 def test_noise_level_reads_each_scale_and_the_noisiest_entry():
@@ -142,7 +143,7 @@ def test_describe_and_the_frontier_name_the_schedule(sd15_small):
 
 def test_auto_max_factor_caps_the_budgets_factor_on_images_and_videos():
     from tokenmerge.algorithms import TokenGrid
-    from tokenmerge.planning import auto_kv_factor, auto_kv_factors
+    from tokenmerge.methods import auto_kv_factor, auto_kv_factors
 
     assert TokenMergeConfig().auto_max_factor == 3  # the default cap
     assert auto_kv_factor(256 * 256, 512, 1024) == 12  # SD 1.5 at 2048 px, the budget alone

@@ -8,7 +8,7 @@ import torch
 import tokenmerge
 import tokenmerge.hooks.calls
 from tokenmerge.integrations.comfyui import patch_model
-from tokenmerge.planning import auto_kv_factor
+from tokenmerge.methods import auto_kv_factor
 from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
 
 from conftest import key_value_counts, max_rel_diff, sd_inputs

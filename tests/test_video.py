@@ -16,7 +16,7 @@ import torch
 
 import tokenmerge
 from tokenmerge.algorithms import TokenGrid
-from tokenmerge.planning import auto_kv_factors, merge_count
+from tokenmerge.methods import auto_kv_factors, merge_count
 from tokenmerge.tools.architectures import build_model, transformer_inputs, transformer_output
 
 from conftest import AttentionCalls, shared

@@ -13,15 +13,16 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from . import methods
 from .algorithms.randomness import fold_seed
+from .methods import AUTO_MAX_NOISE, METHODS
 from .notices import warn_at_caller
 
-METHODS = ("tome", "todo", "auto")
 MATCH_DTYPES = ("float32", "float16", "bfloat16")
 KV_INTERPOLATIONS = ("nearest-exact", "nearest", "bilinear", "bicubic", "area")
-# auto's max_noise when none is given: chosen on the reference models' frontier (seeds 0-7, checked on 100-107),
-# the highest level at which auto keeps ToMe r=0.5's quality on every yardstick (docs/quality.md).
-AUTO_MAX_NOISE = 0.4
+# Options every method reads (the others belong to the methods that declare them: tokenmerge.methods).
+COMMON = ("method", "max_downsample", "max_noise", "merge_attn")
+__all__ = ["AUTO_MAX_NOISE", "COMMON", "DEFAULTS", "METHODS", "OPTION_NAMES", "TokenMergeConfig"]
 
 
 def _scalar(value: Any) -> Any:
@@ -197,12 +198,15 @@ class TokenMergeConfig:
         return transformer if value is None else value
 
     @property
+    def method_of(self) -> methods.Method:
+        """The method these options run (:mod:`tokenmerge.methods`)."""
+        return methods.get(self.method)
+
+    @property
     def noise_limit(self) -> float:
         """The highest noise level at which blocks are reduced (``max_noise``, else the method's default; 1 = every
         step)."""
-        if self.max_noise is not None:
-            return self.max_noise
-        return AUTO_MAX_NOISE if self.method == "auto" else 1.0
+        return self.max_noise if self.max_noise is not None else self.method_of.default_max_noise
 
     @property
     def max_ratio(self) -> float:
@@ -218,12 +222,9 @@ class TokenMergeConfig:
         return factors[-rank:]
 
     def warn_if_capped(self) -> None:
-        """Warn (never cap silently) when ``ratio`` exceeds what the destination grid can reach."""
-        if self.method == "tome" and self.ratio > self.max_ratio:
-            warn_at_caller(
-                f"tokenmerge: ratio={self.ratio} exceeds the reachable maximum 1 - 1/(sx*sy) = {self.max_ratio:g} "
-                f"for sx={self.sx}, sy={self.sy}; the effective ratio is {self.max_ratio:g}"
-            )
+        """What the method says of these options whatever the model (never cap silently)."""
+        for message in self.method_of.warnings_at_patch(self):
+            warn_at_caller(message)
 
     def warn_if_ignored(self) -> None:
         """Warn about options set away from their defaults that the chosen method does not use."""
@@ -234,9 +235,7 @@ class TokenMergeConfig:
     @property
     def is_identity(self) -> bool:
         """True when these options leave every block unchanged (ratio 0 for tome, factor 1 for todo)."""
-        if self.method == "auto":
-            return False
-        return self.ratio == 0 if self.method == "tome" else self.kv_factor in (1, (1, 1, 1))
+        return self.method_of.is_identity(self)
 
     def merges_level(self, level: int, top_level: int) -> bool:
         """Whether blocks at downsampling ``level`` are patched: up to ``max_downsample``, else up to
@@ -244,7 +243,7 @@ class TokenMergeConfig:
         for auto, whose per-block rule leaves small grids alone."""
         if self.max_downsample is not None:
             return level <= self.max_downsample
-        return self.method == "auto" or level <= top_level
+        return self.method_of.every_level or level <= top_level
 
     @property
     def seed_key(self) -> int:
@@ -257,16 +256,12 @@ class TokenMergeConfig:
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TokenMergeConfig))
-# Options only one kind of method reads: ToMe's matching, token downsampling's factor and interpolation, auto's budget.
-_TOME_ONLY = ("ratio", "sx", "sy", "st", "use_rand", "merge_crossattn", "merge_mlp", "seed", "share_plan", "reuse_steps", "match_dtype")
-_AUTO_ONLY = ("auto_max_keys", "auto_min_tokens", "auto_max_factor")
 
 
 def ignored_by(method: str) -> tuple[str, ...]:
     """The options ``method`` does not read."""
-    if method == "tome":
-        return ("kv_factor", "kv_interpolation", *_AUTO_ONLY)
-    return _TOME_ONLY + (("kv_factor",) if method == "auto" else _AUTO_ONLY)
+    reads = methods.get(method).reads
+    return tuple(name for name in OPTION_NAMES if name not in COMMON and name not in reads)
 
 
 DEFAULTS = TokenMergeConfig()

@@ -19,7 +19,8 @@ from .config import TokenMergeConfig
 from .families import discover, get
 from .families.base import config_int, has_class_named
 from .hooks import PatchState
-from .planning import BlockAction, gated, kv_factors_for, merge_count
+from .methods import BlockFacts
+from .planning import decide, gated
 from .schedules import expert_steps, noise_of, pipeline_timesteps
 
 # Token grid sides beyond this are pixel or latent sizes passed as a grid (4096 px is 512 latent cells on SD).
@@ -85,22 +86,16 @@ class PatchDescription:
     __repr__ = __str__
 
 
-def _action(config: TokenMergeConfig, spans: tuple[str, ...], level: int, grid: TokenGrid | None) -> str:
-    if config.is_identity:
-        return "unchanged (identity options)"
+def _action(config: TokenMergeConfig, spans: tuple[str, ...], level: int, top_level: int, grid: TokenGrid | None) -> str:
+    """What a block does, as :func:`tokenmerge.planning.decide` decides it at ``grid`` (its level's part of it)."""
+    method = config.method_of
     if grid is None:
-        what = "merge tokens" if config.method == "tome" else "downsample keys/values"
-        return f"{what} ({', '.join(spans) if config.method == 'tome' else config.method})"
-    grid = grid.scaled(level)
-    n = grid.numel
-    if config.method == "tome":
-        r = merge_count(config, grid)
-        return f"merge {r} of {n} tokens ({grid}) in {', '.join(spans)}" if r > 0 else f"unchanged ({grid} grid too small)"
-    factors = kv_factors_for(config, grid)
-    if max(factors) == 1:
-        return f"unchanged ({n} tokens: at most auto_min_tokens)" if config.method == "auto" else "unchanged"
-    kept = grid.reduced(factors)
-    return f"keys/values {n} -> {kept.numel} (factor {BlockAction(kv_grid=grid, kv_factors=factors).kv_label}, {grid} -> {kept})"
+        return "unchanged (identity options)" if config.is_identity else method.describe(config, None, None, spans)
+    at = grid.scaled(level)
+    action = decide(config, BlockFacts(level=level, top_level=top_level, grid=at))
+    if action.reason == "identity options":
+        return "unchanged (identity options)"
+    return method.describe(config, action, at, spans)
 
 
 def _grid_of(grid: Any) -> TokenGrid | None:
@@ -167,7 +162,7 @@ def _describe(patch: PatchState, grid: TokenGrid | None, component: str, steps: 
     for info in patch.blocks:
         spans = tuple(s.name for s in info.layout.spans if s.option in enabled)
         patched = not config.is_identity and config.merges_level(info.level, layout.top_level)
-        action = _action(config, spans, info.level, grid) if patched else "unchanged (level not patched)"
+        action = _action(config, spans, info.level, layout.top_level, grid) if patched else "unchanged (level not patched)"
         blocks.append(BlockDescription(info.index, info.layout.kind, info.level, spans, patched, action))
     family = get(layout.family).title
     return DenoiserDescription(type(layout.root).__name__, family, layout.top_level, config, tuple(blocks), component, grid, steps)

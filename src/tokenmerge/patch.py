@@ -65,7 +65,7 @@ _OWN_KERNELS = ("XFormers", "NPU", "FlashAttn", "SlicedAttn", "AttnProcessor2_5"
 
 def _warn_if_unreachable(states: list[PatchState], config: TokenMergeConfig) -> None:
     """todo/auto on attention that bypasses both routes would silently do nothing there: say so at apply time."""
-    if config.method == "tome" or config.is_identity:
+    if not config.method_of.reduces_keys or config.is_identity:
         return
     found = sorted(
         {
@@ -97,7 +97,7 @@ def _check_for_layouts(config: TokenMergeConfig, states_or_layouts: list[Any]) -
             "leave max_downsample=None"
         )
     joint = [layout for layout in layouts if not get(layout.family).cross_attention]
-    if joint and config.method == "tome" and config.merge_crossattn:
+    if joint and config.method_of.merges and config.merge_crossattn:
         raise ValueError(
             f"merge_crossattn=True has no effect on {_named(joint[0])}: it has no separate text cross-attention (its "
             "attention is joint over image and text tokens, merged by merge_attn); leave merge_crossattn=False"
@@ -107,15 +107,10 @@ def _check_for_layouts(config: TokenMergeConfig, states_or_layouts: list[Any]) -
 def _warn_if_no_frames(config: TokenMergeConfig, states: list[PatchState]) -> None:
     """A frame option (``st``, a ``(t, h, w)`` kv_factor's t) on a model whose token grids have no frames is said once,
     at the patch, with the value in effect (before, each block said it at the first call)."""
-    if config.is_identity or any(get(s.layout.family).video for s in states):
+    found = config.method_of.frame_option(config)
+    if found is None or config.is_identity or any(get(s.layout.family).video for s in states):
         return
-    if config.method == "tome" and config.st > 1:
-        option, effective = f"st={config.st}", "st=1"
-    elif config.method == "todo" and isinstance(config.kv_factor, tuple) and config.kv_factor[0] > 1:
-        h, w = config.kv_factor[1:]
-        option, effective = f"kv_factor={config.kv_factor}", f"a factor of {h} on the height and {w} on the width"
-    else:
-        return
+    option, effective = found
     warn_at_caller(
         f"tokenmerge: {option} acts on the frames of a video's token grid; the token grids of {_named(states[0].layout)} have "
         f"none, so it acts on their spatial sides only (in effect: {effective})"

@@ -2,9 +2,9 @@
 (``merge``), token downsampling (``downsample``), the device-independent random partition (``randomness``) and one
 rank's part of a sequence split across ranks (``shards``)."""
 
-from .downsample import downsample_keys, downsample_mask_columns, downsample_tokens, nearest_indices
+from .downsample import downsample_keys, downsample_mask_columns, downsample_tokens, kept_columns, nearest_indices, reduce_keys_values
 from .grid import Segment, TokenGrid, TokenLayout
-from .merge import MergePlan, batch_metric, best_destinations, bipartite_soft_matching, grid_partition
+from .merge import MergePlan, TokenSpan, batch_metric, best_destinations, bipartite_soft_matching, grid_partition
 from .randomness import fold_seed, hash32, hash_ints, random_offsets, timestep_keys
 from .shards import Shard, box_of, chunk_bounds, shard_layout
 
@@ -14,6 +14,7 @@ __all__ = [
     "Shard",
     "TokenGrid",
     "TokenLayout",
+    "TokenSpan",
     "batch_metric",
     "best_destinations",
     "bipartite_soft_matching",
@@ -26,8 +27,10 @@ __all__ = [
     "grid_partition",
     "hash32",
     "hash_ints",
+    "kept_columns",
     "nearest_indices",
     "random_offsets",
+    "reduce_keys_values",
     "shard_layout",
     "timestep_keys",
 ]

@@ -77,3 +77,46 @@ def downsample_keys(k: torch.Tensor, start: int, grid: TokenGrid, factors: tuple
 def downsample_mask_columns(mask: torch.Tensor, start: int, grid: TokenGrid, factors: tuple[int, ...], mode: str) -> torch.Tensor:
     """The key columns of an attention mask (..., S) that a nearest downsampling of the image segment keeps."""
     return mask.index_select(-1, kept_columns(mask.shape[-1], start, grid, factors, mode, mask.device))
+
+
+def reduce_keys_values(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    start: int,
+    grid: TokenGrid,
+    factors: tuple[int, ...],
+    mode: str,
+    *,
+    dim: int = -2,
+    heads: int | None = None,
+    columns: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """The one key/value reduction of every route (diffusers' SDPA and dispatch backends, ComfyUI's attention
+    override): the image segment ``[start, start + N)`` of keys and values downsampled by ``factors``, every other
+    token (text, references) in place, and the mask's key columns with them.
+
+    ``dim``: the sequence axis of ``key`` / ``value``: -2 for (B, H, S, D), 1 for (B, S, H * D) or (B, S, H, D)
+    (``heads`` splits a merged (B, S, H * D) for interpolating modes). ``columns``: the positions to keep, where they
+    are given (a rank's share of the whole grid's selection, under sequence parallelism); else nearest modes select
+    :func:`kept_columns` and the others interpolate. ``None`` where a mask over the keys is set and ``mode`` does not
+    select (an interpolated key has no column to keep): the attention then stays whole."""
+    length = key.shape[dim]
+    nearest = mode.startswith("nearest")
+    if columns is None and nearest:
+        columns = kept_columns(length, start, grid, factors, mode, key.device)
+    if mask is not None and mask.shape[-1] == length:
+        if columns is None:
+            return None
+        mask = mask.index_select(-1, columns.to(mask.device))
+    if columns is not None:
+        return key.index_select(dim, columns), value.index_select(dim, columns), mask
+
+    def interpolate(t: torch.Tensor) -> torch.Tensor:
+        if dim % t.ndim == t.ndim - 2:  # (B, H, S, D)
+            return downsample_keys(t, start, grid, factors, mode)
+        split = t if t.ndim == 4 else t.view(t.shape[0], t.shape[1], heads, -1)  # (B, S, H, D)
+        reduced = downsample_keys(split.transpose(1, 2), start, grid, factors, mode).transpose(1, 2)
+        return reduced if t.ndim == 4 else reduced.reshape(t.shape[0], -1, t.shape[-1])
+
+    return interpolate(key), interpolate(value), mask

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -52,6 +53,32 @@ def grid_partition(
     is_dst.scatter_(1, dst, 1)
     src = is_dst.argsort(dim=1, stable=True)[:, : n - num_windows]
     return src, dst
+
+
+class TokenSpan(Protocol):
+    """The span protocol: what a stretch of a block (an attention, an MLP, a whole block) runs on instead of all its
+    tokens, and how its output is spread back. ``gather`` (B, N, C) -> (B, K, C): the tokens the stretch runs on;
+    ``scatter`` (B, K, C) -> (B, N, C): every token's output from them; ``keep_idx`` (B, K): where each gathered token
+    sits (the row of a position table or mask it takes); ``rows``: the plan of a slice of the batch. ToMe's
+    :class:`MergePlan` implements it (gather = average into destinations, scatter = copy back); a span of selected
+    tokens (a token cache's) implements it too. The hooks use nothing else (:mod:`tokenmerge.hooks.tokens`)."""
+
+    keep_idx: torch.Tensor
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_kept(self) -> int: ...
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def scatter(self, y: torch.Tensor) -> torch.Tensor: ...
+
+    def rows(self, start: int, stop: int) -> TokenSpan: ...
 
 
 @dataclass
@@ -96,6 +123,9 @@ class MergePlan:
     def unmerge(self, y: torch.Tensor) -> torch.Tensor:
         """Copy each slot's value back to every position it stands for: (B, N - r, C) -> (B, N, C)."""
         return y.gather(1, self._index(self.unmerge_idx, y.shape[0], y.shape[-1]))
+
+    gather = merge  # the span protocol (TokenSpan)
+    scatter = unmerge
 
     def rows(self, start: int, stop: int) -> MergePlan:
         """The plan of batch rows [start, stop), for callers that process a batch in chunks."""

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..algorithms import TokenLayout, downsample_keys, downsample_mask_columns, downsample_tokens
+from ..algorithms import TokenLayout, downsample_tokens, reduce_keys_values
 from . import dispatch
 from .calls import first_tensor
 from .modes import call_through
@@ -72,21 +72,13 @@ class ReduceKeysValues(TorchFunctionMode):
             return None
         if mask is not None and not isinstance(mask, torch.Tensor):  # a flex BlockMask: no columns to select
             return None
-        if self.keep is not None:
-            columns = self.layout.kept_rows(self.keep.to(key.device))
-            if mask is not None and mask.shape[-1] == key.shape[-2]:
-                mask = mask.index_select(-1, columns.to(mask.device))
-            self.reduced += 1
-            return key.index_select(-2, columns), value.index_select(-2, columns), mask
-        if mask is not None and mask.shape[-1] == key.shape[-2]:
-            if not self.interpolation.startswith("nearest"):
-                self.mask_skipped = True
-                return None
-            mask = downsample_mask_columns(mask, self.start, self.grid, self.factors, self.interpolation)
-        key = downsample_keys(key, self.start, self.grid, self.factors, self.interpolation)
-        value = downsample_keys(value, self.start, self.grid, self.factors, self.interpolation)
+        columns = None if self.keep is None else self.layout.kept_rows(self.keep.to(key.device))
+        found = reduce_keys_values(key, value, mask, self.start, self.grid, self.factors, self.interpolation, columns=columns)
+        if found is None:  # a mask over the keys, and an interpolation that does not select
+            self.mask_skipped = True
+            return None
         self.reduced += 1
-        return key, value, mask
+        return found
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

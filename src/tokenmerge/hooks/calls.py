@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import weakref
 from typing import Any
 
 import torch
 
-from ..algorithms import MergePlan, TokenGrid, TokenLayout, shard_layout
+from ..algorithms import TokenLayout, shard_layout
 from ..config import TokenMergeConfig
 from ..families import get as get_family
 from ..families.base import Declined
+from ..methods import IDLE, BlockFacts, PlanStore
 from ..notices import warn_at_caller
-from ..planning import IDLE, decide, gated, kv_factors_for, merge_count, noise_level, plan_merge
+from ..planning import decide, gated, noise_level
 from . import dispatch
 from .parallel import ContextSplit, context_split
 from .state import BlockCall, BlockInfo, BlockWarnings, CallState, PatchState, in_backward
@@ -96,7 +95,7 @@ class BeginCall:
         if patch.routes_dispatch and not torch.compiler.is_compiling():
             dispatch.ensure_wrapped()  # once per call: backends registered (cache-dit) after the patch get the route too
         patch.push(call)
-        if config.method == "tome" and not config.is_identity and not torch.compiler.is_compiling():
+        if config.method_of.merges and not config.is_identity and not torch.compiler.is_compiling():
             call.cache_lists = cache_dit_lists(patch.layout.root)  # (before cache-dit's forward swaps them)
             self._notice_extrapolation()
         if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and not torch.compiler.is_compiling():
@@ -167,28 +166,24 @@ class EndCall:
             dispatch.exit_mode(mode)
         call = self.patch.current()
         if call is not None:
-            if call.config.method == "auto" and not call.recomputing and not torch.compiler.is_compiling():
-                self._notice_idle_auto(module, call)
+            if not call.recomputing and not torch.compiler.is_compiling():
+                self._notice_idle(module, call)
             call.recomputing = False
             self.patch.pop(call)
 
-    def _notice_idle_auto(self, module: torch.nn.Module, call: CallState) -> None:
-        """``auto`` leaving every block of a call alone (small grids, by design) is said once per options."""
+    def _notice_idle(self, module: torch.nn.Module, call: CallState) -> None:
+        """A method leaving every block of a call alone by its own rule (auto on small grids, by design) is said once
+        per options."""
         grids = [layout.grid if layout.shard is None else layout.shard.whole for layout in call.layouts.values() if layout is not None]
         if not grids or not call.blocks or not all(b.action.idle for b in call.blocks.values()):  # (eager calls: see PlanBlock)
             return
-        if max(g.numel for g in grids) > call.config.auto_min_tokens:  # idle for another reason, said where it was found
+        if self.patch.idle_noticed == self.patch.epoch:
             return
-        if self.patch.auto_idle_noticed == self.patch.epoch:
+        message = call.config.method_of.idle_notice(call.config, max(grids, key=lambda g: g.numel), type(module).__name__)
+        if message is None:
             return
-        self.patch.auto_idle_noticed = self.patch.epoch
-        largest = max(grids, key=lambda g: g.numel)
-        warn_at_caller(
-            f"tokenmerge: method='auto' leaves every block of this {type(module).__name__} unchanged at this size: its "
-            f"largest token grid, {largest} = {largest.numel} tokens, is at most auto_min_tokens={call.config.auto_min_tokens}, "
-            "where attention is cheap next to the rest (no speed-up, by design). For a speed-up at this size use method='tome' "
-            "or 'todo', or a lower auto_min_tokens",
-        )
+        self.patch.idle_noticed = self.patch.epoch
+        warn_at_caller(f"tokenmerge: {message}")
 
 
 class CaptureLayout:
@@ -216,11 +211,11 @@ class CaptureLayout:
 
     def _shard(self, layout: TokenLayout, split: ContextSplit, call: CallState) -> TokenLayout | None:
         """The rank's part of the call's layout under context parallelism (None, said once, where it has none)."""
-        if split.ring and call.config.method == "tome":
+        if split.ring and not call.config.method_of.supports_ring:
             self.patch.notice(
                 "parallel",
-                "tome under ring attention is not supported (a ring rank attends to keys it does not hold, whose merge "
-                "sizes it cannot know); its blocks run unchanged. Use method='todo' or 'auto', or Ulysses",
+                f"method={call.config.method!r} under ring attention is not supported (a ring rank attends to keys it does "
+                "not hold, whose merge sizes it cannot know); its blocks run unchanged. Use method='todo' or 'auto', or Ulysses",
             )
             return None
         found = shard_layout(layout, split.rank, split.world, split.text_split, split.uneven)
@@ -294,120 +289,55 @@ class PlanBlock:
         return (*args[:position], x, *args[position + 1 :]), kwargs
 
     def _decide(self, x: Any, call: CallState, info: Any, layout: TokenLayout | None, module: torch.nn.Module):
+        config = call.config
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or layout is None:
             quiet = layout is None and info.container in call.declined
-            if not quiet and not call.config.is_identity and call.config.merges_level(info.level, self.patch.layout.top_level):
-                self.warnings.warn_once(
-                    "unreadable", "could not read its (batch, tokens, channels) input or its token layout; it runs unchanged"
-                )
+            if not quiet and not config.is_identity and config.merges_level(info.level, self.patch.layout.top_level):
+                self.warnings.warn_once("unreadable", "could not read its (batch, tokens, channels) input or its token layout; it runs unchanged")
             return IDLE
         stream = layout.stream(info.layout.input_stream)
         if call.split is not None and x.shape[1] != stream.total:
             # A block whose inputs the context-parallel plan splits (inside its forward) is handed the whole sequence.
             x = call.split.chunk(x)
         if x.shape[1] != stream.total:
-            self.warnings.warn_once(
-                "token count", f"got {x.shape[1]} tokens where its call's layout ({stream}) has {stream.total}; it runs unchanged"
-            )
+            self.warnings.warn_once("token count", f"got {x.shape[1]} tokens where its call's layout ({stream}) has {stream.total}; it runs unchanged")
             return IDLE
-        grid, shard = layout.grid, layout.shard
-        if shard is not None and (refused := self._refused_on_shard(call.config, layout)):
-            self.patch.notice("parallel", f"under context parallelism, {refused}; its blocks run unchanged")
-            return IDLE
-        action = decide(
-            call.config,
+        shard = layout.shard
+        plans = PlanStore(
+            call.level_plans,
+            block=info.index,
+            steps=self.patch.step_cache,
+            step=call.step,
+            recomputing=call.recomputing,
+            shared_by_batch=self.patch.shared_plans,
+        )
+        facts = BlockFacts(
             level=info.level,
             top_level=self.patch.layout.top_level,
-            grid=grid,
-            make_plan=lambda: self._plan(image_tokens(x, stream), grid, call, info),
+            grid=layout.grid,
             whole=None if shard is None else shard.whole,
+            shard=shard,
+            uneven=call.split is not None and call.split.uneven,
             noise=call.noise,
-            decides_cache=self._decides_cache(call, module, info),
+            tokens=lambda: image_tokens(x, stream),
+            key=info.key,
+            timestep=call.timestep,
+            plans=plans,
+            decider=lambda: self._decider(call, module, info),
+            device=x.device,
         )
-        if shard is not None and action.kv_grid is not None and call.config.kv_interpolation.startswith("nearest"):
-            keep, counts = shard.kept(action.kv_factors, call.config.kv_interpolation, x.device)
-            if len(set(counts)) > 1 and not call.split.uneven:
-                self.patch.notice(
-                    "parallel",
-                    f"under context parallelism, the {shard.world} ranks' parts of its {shard.whole} grid hold {', '.join(map(str, counts))} of the keys "
-                    f"one process keeps (factor {action.kv_label}); each keeps {max(counts)} (the collectives need equal "
-                    "lengths), a few more than one process would",
-                )
-            action = dataclasses.replace(action, kv_keep=keep)
-        self._warn_if_void(call.config, shard.whole if shard is not None else grid, action, info)
+        action = decide(config, facts)
+        for topic, message in facts.notes:
+            if topic.startswith("block: "):
+                self.warnings.warn_once(topic.removeprefix("block: "), message)
+            else:
+                self.patch.notice(topic, message)
         return action
 
-    def _decides_cache(self, call: CallState, module: torch.nn.Module, info: Any) -> bool:
-        """Whether a step cache decides by this block's output (under tome, said once: the block runs unmerged)."""
-        if call.config.method != "tome" or call.config.is_identity:
-            return False
+    def _decider(self, call: CallState, module: torch.nn.Module, info: Any) -> str | None:
+        """Which step cache decides by this block's output, if any (read from the model's hooks and cache-dit)."""
         lists = None if torch.compiler.is_compiling() else call.cache_lists
-        decider = deciding_cache(self.patch.layout.root, module, info.index, lists)
-        if decider is not None:
-            self.patch.notice(
-                "deciding cache",
-                f"{decider} whether to run the rest; merged, that output would carry ToMe's error, which changes from "
-                "step to step by more than the cache's threshold, and the cache would reuse no step: tome leaves them unmerged",
-            )
-        return decider is not None
-
-    @staticmethod
-    def _refused_on_shard(config: TokenMergeConfig, layout: TokenLayout) -> str | None:
-        """Why a rank's part of the grid cannot be reduced as ``config`` asks (None: it can)."""
-        shard = layout.shard
-        part = f"rank {shard.rank}'s {shard.length} tokens of the {shard.whole} grid"
-        if config.method == "tome" and shard.box is None:
-            return f"{part} are not a band of whole rows or frames, where ToMe's windows need one (todo and auto work on any split)"
-        if config.method != "tome" and not config.kv_interpolation.startswith("nearest"):
-            factors = kv_factors_for(config, shard.whole)
-            if shard.box is None or not _aligned(shard, factors):
-                return (
-                    f"{part} do not start and end on whole windows of factor {'x'.join(map(str, factors))}, where "
-                    f"kv_interpolation={config.kv_interpolation!r} would mix keys across ranks; use 'nearest-exact'"
-                )
-        return None
-
-    def _warn_if_void(self, config: TokenMergeConfig, grid: TokenGrid, action: Any, info: Any) -> None:
-        """Options that reach this block but cannot act on its grid are said once, with the effective value (options
-        that cannot act on the model's family at all are said by apply_patch)."""
-        if config.is_identity or not config.merges_level(info.level, self.patch.layout.top_level):
-            return
-        if config.method == "tome" and action.idle and merge_count(config, grid) == 0:
-            self.warnings.warn_once(
-                "no window",
-                f"its {grid} token grid holds no whole sy x sx = {config.sy}x{config.sx} destination window: nothing is "
-                "merged (effective ratio 0); use smaller sx / sy",
-            )
-        elif action.kv_grid is not None and any(f > s for f, s in zip(action.kv_factors, grid.shape)):
-            kept = grid.reduced(action.kv_factors)
-            self.warnings.warn_once(
-                "factor beyond grid",
-                f"key/value factor {action.kv_label} exceeds a side of its {grid} token grid: its {grid.numel} keys "
-                f"become {kept.numel} ({kept})",
-            )
-
-    def _plan(self, x: torch.Tensor, grid: TokenGrid, call: CallState, info: Any) -> MergePlan | None:
-        config = call.config
-        fresh = lambda: plan_merge(x, grid, config, info.key, call.timestep, self.patch.shared_plans)  # noqa: E731
-        if not (config.share_plan or config.reuse_steps > 1):
-            return fresh()
-        key = ("level", info.level) if config.share_plan else ("block", info.index)
-        shape = (x.shape[0], x.shape[1], *grid.shape)
-        if config.reuse_steps == 1 or call.recomputing:
-            cached = call.level_plans.get(key)
-            if cached is None or cached[0] != shape:
-                cached = call.level_plans[key] = (shape, fresh())
-            return cached[1]
-        cache = self.patch.step_cache()
-        cached = cache.plans.get(key)
-        if cached is None or cached[0] != shape or call.step - cached[1] >= config.reuse_steps:
-            cached = cache.plans[key] = (shape, call.step, fresh())
-        plan = cached[2]
-        if plan is not None and torch.is_grad_enabled() and plan.keep_idx.is_inference():
-            # Planned under torch.inference_mode(), reused with gradients: inference tensors cannot be saved.
-            plan = MergePlan(*(t.clone() for t in (plan.keep_idx, plan.src_idx, plan.dst_slot, plan.counts, plan.unmerge_idx)))
-            cache.plans[key] = (shape, cached[1], plan)
-        return plan
+        return deciding_cache(self.patch.layout.root, module, info.index, lists)
 
 
 class EndBlock:
@@ -464,16 +394,3 @@ def raise_lost_call(patch: PatchState, index: int) -> None:
         "plan would give wrong gradients. Run the forward with grad enabled, or remove the patch for this training run"
     )
 
-
-def _aligned(shard: Any, factors: tuple[int, ...]) -> bool:
-    """Whether a box shard starts and ends on window boundaries of ``factors`` along the axis it is cut on."""
-    whole, box = shard.whole.shape, shard.box.shape
-    cut = [a for a, (w, b) in enumerate(zip(whole, box)) if w != b]  # (1, m, W) of (F, H, W): inside one frame
-    if not cut:
-        return True
-    axis = cut[-1]
-    if any(factors[a] > 1 for a in cut[:-1]):  # a window across the axes before the cut spans ranks
-        return False
-    first = (shard.start // math.prod(whole[axis + 1 :])) % whole[axis]
-    last = first + box[axis]
-    return first % factors[axis] == 0 and (last % factors[axis] == 0 or last == whole[axis])

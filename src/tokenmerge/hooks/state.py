@@ -26,8 +26,8 @@ from torch.utils.hooks import RemovableHandle
 
 from ..algorithms import TokenLayout
 from ..config import TokenMergeConfig
+from ..methods import BlockAction
 from ..notices import warn_at_caller
-from ..planning import BlockAction
 from . import dispatch
 
 
@@ -139,7 +139,7 @@ class PatchState:
         self.handles: list[RemovableHandle] = []
         self.wrapped: list[tuple[torch.nn.Module, str]] = []  # (module, attribute) of removable wrappers
         self.routes_dispatch = False  # holds the diffusers dispatch route (hooks.dispatch) while installed
-        self.auto_idle_noticed = -1  # the options epoch in which auto's idle notice was given
+        self.idle_noticed = -1  # the options epoch in which a method said it left every block whole
         self.noticed: dict[str, int] = {}  # topic -> the options epoch in which it was said (once, not per block)
         # ToMe plans shared by the batch: only where this model's attention code took a per-sample table the way
         # hooks.tokens.SampleRows cannot give it (said once); every image of a batch then depends on the others.

@@ -1,4 +1,5 @@
-"""Hooks that merge a block's image tokens on entering a span and restore them on leaving it (ToMe)."""
+"""The span protocol's hooks: a block's image tokens gathered on entering a span and scattered back on leaving it
+(:class:`tokenmerge.algorithms.TokenSpan`; ToMe's merge and unmerge), with the position tables that follow them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..algorithms import MergePlan, TokenLayout
+from ..algorithms import MergePlan, TokenLayout, TokenSpan
 from .calls import first_tensor, replace_first
 from .modes import call_through
 from .state import BlockCall, BlockWarnings, PatchState
@@ -46,19 +47,20 @@ class _SpanHook:
         return block.info.layout.spans[self.span]
 
 
-def _merge(plan: MergePlan, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-    """Merge the target image segment of ``x`` (laid out as ``layout``); every other token stays in place."""
-    start, n = layout.image_start, plan.num_tokens
+def _gather(span: TokenSpan, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """The span's tokens of ``x`` (laid out as ``layout``): its target image segment gathered, every other token in place."""
+    start, n = layout.image_start, span.num_tokens
     if start == 0 and n == x.shape[1]:
-        return plan.merge(x)
-    return torch.cat([x[:, :start], plan.merge(x[:, start : start + n]), x[:, start + n :]], dim=1)
+        return span.gather(x)
+    return torch.cat([x[:, :start], span.gather(x[:, start : start + n]), x[:, start + n :]], dim=1)
 
 
-def _unmerge(plan: MergePlan, y: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-    start, kept = layout.image_start, plan.num_kept
+def _scatter(span: TokenSpan, y: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """Every token's output of a span's output ``y``: its image segment scattered back, the rest in place."""
+    start, kept = layout.image_start, span.num_kept
     if start == 0 and kept == y.shape[1]:
-        return plan.unmerge(y)
-    return torch.cat([y[:, :start], plan.unmerge(y[:, start : start + kept]), y[:, start + kept :]], dim=1)
+        return span.scatter(y)
+    return torch.cat([y[:, :start], span.scatter(y[:, start : start + kept]), y[:, start + kept :]], dim=1)
 
 
 class EnterSpan(_SpanHook):
@@ -106,7 +108,7 @@ class EnterSpan(_SpanHook):
         if plan is None:
             return None
         block.active[self.span] = (plan, stream)
-        return _merge(plan, x, stream)
+        return _gather(plan, x, stream)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         block = self.block_call()
@@ -153,8 +155,8 @@ class LeaveSpan(_SpanHook):
             return None
         plan, stream = active
         if self.index is None or not isinstance(output, (tuple, list)):
-            return _unmerge(plan, output, stream)
-        restored = _unmerge(plan, output[self.index], stream)
+            return _scatter(plan, output, stream)
+        restored = _scatter(plan, output[self.index], stream)
         return type(output)((*output[: self.index], restored, *output[self.index + 1 :]))
 
 

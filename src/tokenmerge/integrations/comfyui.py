@@ -34,8 +34,9 @@ import torch
 from ..algorithms import MergePlan, TokenGrid, downsample_tokens
 from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig
 from ..families import ldm
+from ..methods import IDLE, BlockFacts
 from ..notices import warn_at_caller
-from ..planning import IDLE, block_key, decide, gated, plan_merge
+from ..planning import block_key, decide, gated
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
 _STAGES = {"input": 1, "middle": 2, "output": 3}
@@ -193,14 +194,17 @@ class ComfyTokenMerge(SharedPatch):
         grid, level = self._grid(n, extra_options)
         stage, index = extra_options.get("block", ("input", 0))
         key = _comfy_block_key(_STAGES.get(stage, 0), index, extra_options.get("block_index", 0))
-        action = decide(
-            config,
+        facts = BlockFacts(
             level=level,
             top_level=self.top_level,
             grid=grid,
-            make_plan=lambda: plan_merge(n, grid, config, key, extra_options.get("sigmas")),
             noise=self._noise(extra_options),
+            tokens=lambda: n,
+            key=key,
+            timestep=extra_options.get("sigmas"),
+            device=n.device,
         )
+        action = decide(config, facts)
         state.action = action
         if action.kv_grid is not None:
             if context is not n:  # attn1 attends to a context already (disable_self_attn)
@@ -209,7 +213,7 @@ class ComfyTokenMerge(SharedPatch):
             return n, kv, kv if value is n else value
         if action.plan is None or not config.merge_attn:
             return n, context, value
-        merged = action.plan.merge(n)
+        merged = action.plan.gather(n)
         state.attn1 = action.plan
         # Self-attention: ComfyUI passes the same tensor as keys and values; merge them too.
         return merged, merged if context is n else context, merged if value is n else value
@@ -217,7 +221,7 @@ class ComfyTokenMerge(SharedPatch):
     def attn1_output_patch(self, n: torch.Tensor, extra_options: dict[str, Any]) -> torch.Tensor:
         state = self._state
         plan, state.attn1 = state.attn1, None
-        return n if plan is None else plan.unmerge(n)
+        return n if plan is None else plan.scatter(n)
 
     def attn2_patch(self, n: torch.Tensor, context: torch.Tensor, value: torch.Tensor, extra_options: dict[str, Any]):
         state = self._state
@@ -226,12 +230,12 @@ class ComfyTokenMerge(SharedPatch):
         if plan is None or n.shape[1] != plan.num_tokens:
             return n, context, value
         state.attn2 = plan
-        return plan.merge(n), context, value
+        return plan.gather(n), context, value
 
     def attn2_output_patch(self, n: torch.Tensor, extra_options: dict[str, Any]) -> torch.Tensor:
         state = self._state
         plan, state.attn2 = state.attn2, None
-        return n if plan is None else plan.unmerge(n)
+        return n if plan is None else plan.scatter(n)
 
 
 def _drop_earlier_patches(model_patcher: Any) -> bool:

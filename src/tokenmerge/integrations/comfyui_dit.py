@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from ..algorithms import TokenGrid, downsample_keys, downsample_mask_columns
-from ..algorithms.downsample import kept_columns
+from ..algorithms import TokenGrid, reduce_keys_values
 from ..config import TokenMergeConfig
 from ..families import ComfyModel, comfy_model_of
+from ..methods import BlockAction, BlockFacts
 from ..notices import warn_at_caller
-from ..planning import BlockAction, decide
+from ..planning import decide
 from .comfyui import SharedPatch
 
 OVERRIDE = "optimized_attention_override"
@@ -61,8 +61,8 @@ class DitKeyValues(SharedPatch):
     """The override and the wrapper of one patched DiT MODEL (shared by its clones; per-thread call state)."""
 
     def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None) -> None:
-        if config.method not in ("todo", "auto"):
-            raise ValueError(f"DitKeyValues reduces keys and values (method todo or auto), got method={config.method!r}")
+        if not config.method_of.reduces_keys or "comfyui-dit" not in config.method_of.routes:
+            raise ValueError(f"DitKeyValues reduces keys and values (a key/value method), got method={config.method!r}")
         self.config, self.model, self.patch, self.previous = config, model, patch, previous
         self._local = threading.local()
         self._warned = False
@@ -82,7 +82,7 @@ class DitKeyValues(SharedPatch):
             if self.config.noise_limit < 1:
                 # the model's sampling as this sampler runs it (a shift node's object patch applied)
                 noise = self.step_noise(getattr(getattr(executor, "class_obj", None), "model_sampling", None), t)
-            call = DitCall(grid, text, decide(self.config, level=1, top_level=1, grid=grid, make_plan=lambda: None, noise=noise))
+            call = DitCall(grid, text, decide(self.config, BlockFacts(level=1, top_level=1, grid=grid, noise=noise)))
         stack.append(call)
         try:
             return executor(x, t, c_concat, c_crossattn, *args, **kwargs)
@@ -114,33 +114,24 @@ class DitKeyValues(SharedPatch):
             return None
         if call.action.kv_grid is None:
             return None
-        grid, factors, mode = call.grid, call.action.kv_factors, self.config.kv_interpolation
-
-        def reduce(t: torch.Tensor) -> torch.Tensor:
-            # q/k/v arrive as (B, H, S, D) (skip_reshape), (B, S, H*D) or, SD3's values, (B, S, H, D)
-            dim = -2 if heads_first else 1
-            if mode.startswith("nearest"):
-                return t.index_select(dim, kept_columns(t.shape[dim], start, grid, factors, mode, t.device))
-            if heads_first:
-                return downsample_keys(t, start, grid, factors, mode)
-            heads = args[3] if len(args) > 3 else kwargs["heads"]
-            split = t if t.ndim == 4 else t.view(t.shape[0], t.shape[1], heads, -1)
-            reduced = downsample_keys(split.transpose(1, 2), start, grid, factors, mode).transpose(1, 2)
-            return reduced if t.ndim == 4 else reduced.reshape(t.shape[0], -1, t.shape[-1])
-
+        mode = self.config.kv_interpolation
         rest = list(args[3:])
         positional = len(args) > 4  # q, k, v, heads, mask (Qwen-Image, Lumina 2)
         mask = args[4] if positional else kwargs.get("mask")
-        if isinstance(mask, torch.Tensor) and mask.shape[-1] == s_k:
-            if not mode.startswith("nearest"):
-                self._warn(f"an attention mask is set and kv_interpolation={mode!r} is not nearest: keys kept whole")
-                return None
-            mask = downsample_mask_columns(mask, start, grid, factors, mode)
+        mask = mask if isinstance(mask, torch.Tensor) else None
+        # q/k/v arrive as (B, H, S, D) (skip_reshape), (B, S, H*D) or, SD3's values, (B, S, H, D)
+        heads = args[3] if len(args) > 3 else kwargs.get("heads")
+        found = reduce_keys_values(k, v, mask, start, call.grid, call.action.kv_factors, mode, dim=seq, heads=heads)
+        if found is None:
+            self._warn(f"an attention mask is set and kv_interpolation={mode!r} is not nearest: keys kept whole")
+            return None
+        k, v, reduced_mask = found
+        if reduced_mask is not mask:
             if positional:
-                rest[1] = mask
+                rest[1] = reduced_mask
             else:
-                kwargs = {**kwargs, "mask": mask}
-        return (q, reduce(k), reduce(v), *rest), kwargs
+                kwargs = {**kwargs, "mask": reduced_mask}
+        return (q, k, v, *rest), kwargs
 
     def _warn(self, message: str) -> None:
         if not self._warned:
@@ -156,9 +147,9 @@ def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
     model = comfy_model_of(diffusion_model, unet_config.get("image_model"))
     if model is None:
         return None
-    if config.method == "tome":
+    if "comfyui-dit" not in config.method_of.routes:
         warnings.warn(
-            f"tokenmerge: method='tome' is not available on ComfyUI's {model.title}: the attention override sees one attention "
+            f"tokenmerge: method={config.method!r} is not available on ComfyUI's {model.title}: the attention override sees one attention "
             "call, not its block, so merged tokens could not skip the MLP (where ToMe's saving on transformers is); using "
             "method='auto' (keys and values of a downsampled grid)",
             stacklevel=3,

@@ -1,0 +1,39 @@
+"""The methods, as data and code: one module each (:mod:`.tome`, :mod:`.todo`, :mod:`.auto`), each a
+:class:`~tokenmerge.methods.base.Method` declaring the options it reads, its per-block decision, what ``describe()``
+prints and the routes it runs on. Adding a method means adding its module and listing it here; nothing outside this
+package compares method names (the CLI's parsing of specs aside)."""
+
+from __future__ import annotations
+
+from .auto import AUTO_MAX_NOISE, Auto, auto_kv_factor, auto_kv_factors
+from .base import IDLE, ROUTES, BlockAction, BlockFacts, Method, PlanStore, idle
+from .todo import ToDo
+from .tome import ToMe, merge_count, plan_merge, window_of
+
+REGISTRY: dict[str, Method] = {m.name: m for m in (ToMe(), ToDo(), Auto())}
+METHODS: tuple[str, ...] = tuple(REGISTRY)
+
+
+def get(name: str) -> Method:
+    """The method named ``name`` (a validated config's ``method``)."""
+    return REGISTRY[name]
+
+
+__all__ = [
+    "AUTO_MAX_NOISE",
+    "IDLE",
+    "METHODS",
+    "REGISTRY",
+    "ROUTES",
+    "BlockAction",
+    "BlockFacts",
+    "Method",
+    "PlanStore",
+    "auto_kv_factor",
+    "auto_kv_factors",
+    "get",
+    "idle",
+    "merge_count",
+    "plan_merge",
+    "window_of",
+]

@@ -1,0 +1,153 @@
+"""What a method is: the options it reads, its per-block decision, what ``describe()`` prints of it, where it runs.
+
+A method acts on one block of one call given the facts a front end gathers (:class:`BlockFacts`: the block's level,
+its token grid, the call's noise level, the tokens to match on, the caches it may reuse plans from, context
+parallelism's split). The checks every method shares (identity options, the level, the noise gate, a step cache's
+deciding block, a rank's part of the grid) are made once, in :func:`tokenmerge.planning.decide`, which then asks the
+method. Nothing here imports a model library or the option set (:mod:`tokenmerge.config` imports the methods).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from ..algorithms import MergePlan, Shard, TokenGrid
+
+if TYPE_CHECKING:
+    from ..config import TokenMergeConfig
+
+# Where a method can run: the diffusers / ldm / sgm hooks, ComfyUI's UNet attention patches, ComfyUI's DiT attention
+# override (one attention call at a time: key/value methods only), the webui and Forge (through the ldm hooks and
+# ComfyUI-style patches).
+ROUTES = ("diffusers", "ldm", "comfyui-unet", "comfyui-dit", "webui", "forge")
+
+
+@dataclass(frozen=True)
+class BlockAction:
+    """One block's work in one call: merge its spans with ``plan`` (tome), or downsample the keys and values of its
+    ``kv_grid`` image tokens by ``kv_factors`` (one per grid axis; todo/auto), or nothing. ``kv_keep``: under
+    sequence parallelism, the positions of this rank's image tokens whose keys and values are kept (the whole
+    grid's selection). ``merged``: tokens a merge takes away (known without a plan, for ``describe()``); ``reason``:
+    why the block runs whole, where it does."""
+
+    plan: MergePlan | None = None
+    kv_grid: TokenGrid | None = None
+    kv_factors: tuple[int, ...] = ()
+    kv_keep: torch.Tensor | None = None
+    merged: int = 0
+    reason: str = ""
+
+    @property
+    def kv_factor(self) -> int:
+        """The spatial key/value factor (1 when keys and values are not downsampled)."""
+        return self.kv_factors[-1] if self.kv_factors else 1
+
+    @property
+    def kv_label(self) -> str:
+        """The factors as a user writes them: ``3`` (each spatial side) or ``2x3x3`` (frames x height x width)."""
+        leading, spatial = self.kv_factors[:-2], self.kv_factors[-2:]
+        if all([f == 1 for f in leading]) and len(set(spatial)) <= 1:
+            return str(self.kv_factor)
+        return "x".join(map(str, self.kv_factors))
+
+    @property
+    def idle(self) -> bool:
+        return self.plan is None and self.kv_grid is None
+
+
+IDLE = BlockAction()
+
+
+def idle(reason: str) -> BlockAction:
+    """Nothing to do, and why (``describe()`` says it)."""
+    return BlockAction(reason=reason)
+
+
+@dataclass
+class BlockFacts:
+    """What a front end knows of one block in one call.
+
+    ``grid``: the block's token grid (under context parallelism the rank's part, ``whole`` the grid it is part of, and
+    ``shard`` how); ``tokens``: a function giving the (B, N, C) image tokens a merge matches on (None where no call
+    runs: ``describe()``); ``key``: the block's random-partition key; ``timestep``: the call's (the partition's
+    randomness follows it); ``plans``: where plans may be reused (:class:`PlanStore`); ``decider``: a function naming
+    the step cache that decides by this block's output, if any (blocks that decide a cache run whole under merges)."""
+
+    level: int
+    top_level: int
+    grid: TokenGrid | None
+    whole: TokenGrid | None = None
+    shard: Shard | None = None
+    uneven: bool = False  # the context-parallel split allows ranks of unequal lengths
+    noise: float | None = None
+    tokens: Callable[[], torch.Tensor] | None = None
+    key: int | torch.Tensor = 0
+    timestep: torch.Tensor | None = None
+    plans: PlanStore | None = None
+    decider: Callable[[], str | None] | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    notes: list[tuple[str, str]] = field(default_factory=list)  # (topic, message) to say once per patch
+
+
+@dataclass
+class PlanStore:
+    """Where one call keeps plans it may reuse: ``call`` (per call: one plan per level, ``share_plan``) and ``steps``
+    (per thread across calls: ``reuse_steps``, keyed by a step count that ``step`` gives), ``recomputing`` while a
+    checkpointed block is recomputed in backward (plans of that call only)."""
+
+    call: dict[tuple, Any]
+    block: int = -1  # the block's index (its own plan across steps)
+    steps: Callable[[], Any] | None = None
+    step: int = -1
+    recomputing: bool = False
+    shared_by_batch: bool = False  # the patch's fallback: one plan for the batch (hooks.tokens.SampleRows)
+
+
+class Method:
+    """One method: subclasses set the class attributes and implement :meth:`act`."""
+
+    name: ClassVar[str]
+    reads: ClassVar[tuple[str, ...]]  # the options it reads (the others: "does not use", said at apply_patch)
+    routes: ClassVar[tuple[str, ...]] = ROUTES
+    default_max_noise: ClassVar[float] = 1.0  # max_noise=None: reduce the steps at noise <= this (1 = every step)
+    every_level: ClassVar[bool] = False  # with max_downsample=None, every level (its rule leaves small grids alone)
+    reduces_keys: ClassVar[bool] = False  # acts on attention keys and values (a processor's own kernel escapes it)
+    merges: ClassVar[bool] = False  # merges spans of a block (a step cache's deciding block then runs whole)
+    supports_ring: ClassVar[bool] = True  # under ring attention (ranks attend to keys they do not hold)
+
+    def is_identity(self, config: TokenMergeConfig) -> bool:
+        """Whether these options leave every block unchanged."""
+        return False
+
+    def act(self, config: TokenMergeConfig, facts: BlockFacts) -> BlockAction:
+        """The block's action, after the checks every method shares (:func:`tokenmerge.planning.decide`)."""
+        raise NotImplementedError
+
+    def on_shard(self, config: TokenMergeConfig, shard: Shard) -> str | None:
+        """Why a rank's part of a grid cannot be reduced as ``config`` asks (None: it can)."""
+        return None
+
+    def void(self, config: TokenMergeConfig, grid: TokenGrid, action: BlockAction) -> tuple[str, str] | None:
+        """(cause, message) where the options reach a block but cannot act on its grid (said once per patch)."""
+        return None
+
+    def describe(self, config: TokenMergeConfig, action: BlockAction | None, grid: TokenGrid | None, spans: tuple[str, ...]) -> str:
+        """What a block does, for ``describe()``: at a grid (``action`` decided there) or in general."""
+        raise NotImplementedError
+
+    def warnings_at_patch(self, config: TokenMergeConfig) -> list[str]:
+        """What ``apply_patch`` says about these options whatever the model (a ratio above the reachable one)."""
+        return []
+
+    def frame_option(self, config: TokenMergeConfig) -> tuple[str, str] | None:
+        """(option, value in effect) of an option that acts on a video's frames, set away from its default."""
+        return None
+
+    def idle_notice(self, config: TokenMergeConfig, largest: TokenGrid, model: str) -> str | None:
+        """What to say when the method left every block of a call of ``model`` (its class) whole by its own rule, whose
+        largest token grid was ``largest`` (None: nothing)."""
+        return None
