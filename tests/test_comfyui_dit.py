@@ -19,18 +19,25 @@ from pathlib import Path
 
 import pytest
 
+from tokenmerge.tools.examples import comfy_examples
+
 ROOT = Path(__file__).parents[1]
 THIRDPARTY = ROOT.parent / "shared" / "thirdparty"
 NEEDS = ("torchsde", "trampoline", "sentencepiece", "aiohttp", "pydantic_settings", "dotenv", "av")
-# ComfyUI version -> (the modules its imports need beyond NEEDS, the models it has)
-VERSIONS = {
-    "0.3.64": ((), ("flux", "chroma", "sd3", "qwen-image", "wan", "hunyuanvideo", "hidream", "lumina2", "ltxv")),
-    "0.33.0": (
-        ("comfy_kitchen", "comfy_aimdo"),
-        ("flux", "flux2", "chroma", "sd3", "qwen-image", "wan", "hunyuanvideo", "hidream", "lumina2", "ltxv"),
-    ),
-}
-CASES = [(version, name) for version, (_, models) in VERSIONS.items() for name in models]
+# ComfyUI version -> the modules its imports need beyond NEEDS
+VERSIONS = {"0.3.64": (), "0.33.0": ("comfy_kitchen", "comfy_aimdo")}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split("."))
+
+
+def models_of(version: str) -> tuple[str, ...]:
+    """The families with a ComfyUI example (tokenmerge.tools.examples) that this ComfyUI has."""
+    return tuple(name for name, example in comfy_examples().items() if _version(example.since) <= _version(version))
+
+
+CASES = [(version, name) for version in VERSIONS for name in models_of(version)]
 
 
 def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
@@ -198,7 +205,7 @@ def _report(version: str, tmp_path_factory) -> dict:
         pytest.skip(f"no ComfyUI checkout at {checkout} (../shared/thirdparty/comfyui-{version})")
     import importlib.util
 
-    needs, models = VERSIONS[version]
+    needs, models = VERSIONS[version], models_of(version)
     missing = [m for m in (*NEEDS, *needs) if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"ComfyUI {version}'s imports need {', '.join(missing)} (.ci/run installs them)")
@@ -238,7 +245,7 @@ def test_each_model_is_recognised_as_its_family(comfyui, name):
     found = comfyui["models"][name]
     from tokenmerge.families import get
 
-    assert found["comfy_model"] == get({"ltxv": "ltx"}.get(name, name)).comfy.title
+    assert found["comfy_model"] == get(name).comfy.title
 
 
 @each_model

@@ -4,7 +4,7 @@ A family ships only if it passes: identity options bit-identical; removal leaves
 values reduced (todo/auto) or image tokens merged (tome) as configured, and nothing else — text and reference
 tokens keep their keys, checked against a reference computation on vanilla's keys; deterministic; batch 1-3 and
 an image's result independent of its batch; odd, non-square grids; keyword and positional calls; deepcopy and
-pickle; torch.compile. Parametrised over ``tokenmerge.families.examples()``: a new family is tested by adding it.
+pickle; torch.compile. Parametrised over ``tokenmerge.tools.examples.examples()``: a new family is tested by adding it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 
 import tokenmerge
 from tokenmerge.algorithms import TokenGrid, nearest_indices
-from tokenmerge.families import examples
 from tokenmerge.tools.architectures import at_noise, build_model, timestep_scale, transformer_inputs, transformer_output
+from tokenmerge.tools.examples import examples
 
 from conftest import AttentionCalls
 

@@ -24,7 +24,7 @@ import torch
 from hypothesis import assume, given, settings
 
 import tokenmerge
-import tokenmerge.hooks.calls
+import tokenmerge.methods.tome
 from tokenmerge.algorithms import MergePlan, TokenGrid, bipartite_soft_matching, grid_partition
 from tokenmerge.tools.architectures import build_unet
 
@@ -163,7 +163,7 @@ def replayed_tomesd_merges(monkeypatch):
     def replaying(x, h, w, *args, **kwargs):
         return next(replay)
 
-    monkeypatch.setattr(tokenmerge.hooks.calls, "plan_merge", replaying)
+    monkeypatch.setattr(tokenmerge.methods.tome, "plan_merge", replaying)
 
     def start_replay():
         nonlocal replay

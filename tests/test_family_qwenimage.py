@@ -13,9 +13,10 @@ import tokenmerge
 from tokenmerge.algorithms import nearest_indices
 from tokenmerge.families import family_of, get
 from tokenmerge.families.base import DECLINED
-from tokenmerge.families.qwenimage import SMALL
-from tokenmerge.families.qwenimage import inputs as qwen_inputs
 from tokenmerge.tools.architectures import build_model
+from tokenmerge.tools.examples import of_family
+from tokenmerge.tools.examples.qwenimage import CONFIG, SMALL
+from tokenmerge.tools.examples.qwenimage import inputs as qwen_inputs
 
 from conftest import AttentionCalls, shared
 
@@ -174,7 +175,7 @@ def test_edit_2511_zero_cond_t_with_a_reference(options):
     from diffusers import QwenImageTransformer2DModel
 
     torch.manual_seed(0)
-    model = QwenImageTransformer2DModel(**{**get("qwen-image").examples["qwen-image"].config, **SMALL}, zero_cond_t=True).eval()
+    model = QwenImageTransformer2DModel(**{**CONFIG, **SMALL}, zero_cond_t=True).eval()
     inputs = edit_inputs(model)
     vanilla, _ = run(model, inputs)
     with tokenmerge.patched(model, ratio=0.0):
@@ -191,7 +192,7 @@ def test_layered_reduces_the_first_layer_only():
     from diffusers import QwenImageTransformer2DModel
 
     torch.manual_seed(0)
-    config = {**get("qwen-image").examples["qwen-image"].config, **SMALL, "use_layer3d_rope": True, "use_additional_t_cond": True}
+    config = {**CONFIG, **SMALL, "use_layer3d_rope": True, "use_additional_t_cond": True}
     model = QwenImageTransformer2DModel(**config).eval()
     inputs = qwen_inputs(model, *LATENT, batch=2, seed=5, text_tokens=TEXT, references=((6, 5), (4, 4)))
     inputs["additional_t_cond"] = torch.zeros(2, dtype=torch.long)  # the pipeline's is_rgb
@@ -209,7 +210,7 @@ def test_the_controlnet_is_patched_like_the_transformer():
     from diffusers import QwenImageControlNetModel
 
     torch.manual_seed(0)
-    config = {**get("qwen-image").examples["qwen-image"].config, **SMALL}
+    config = {**CONFIG, **SMALL}
     controlnet = QwenImageControlNetModel(**{k: v for k, v in config.items() if k != "guidance_embeds"}).eval()
     assert family_of(controlnet) is get("qwen-image")
     inputs = qwen_inputs(controlnet, *LATENT, batch=2, seed=4, text_tokens=TEXT)
@@ -253,7 +254,7 @@ def test_qwen_image_21_is_refused_with_its_reason():
         axes_dims_rope=(4, 6, 6),
     )
     family = family_of(model)
-    assert family is get("qwen-image-2.1") and family.layout is None and not family.examples
+    assert family is get("qwen-image-2.1") and family.layout is None and not of_family("qwen-image-2.1")
     with pytest.raises(
         TypeError,
         match=r"QwenImage21Transformer2DModel \(Qwen-Image 2\.1\): not supported yet: its attention is block-causal .* "

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tokenmerge
-import tokenmerge.hooks.calls
+import tokenmerge.methods.tome
 from tokenmerge.integrations.comfyui import patch_model
 from tokenmerge.methods import auto_kv_factor
 from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
@@ -78,13 +78,13 @@ def test_auto_respects_max_downsample(sd15_small):
 def matching_calls(monkeypatch):
     """Count the matchings computed by the diffusers/ldm hooks."""
     calls: list[tuple[int, int]] = []
-    real = tokenmerge.hooks.calls.plan_merge
+    real = tokenmerge.methods.tome.plan_merge
 
     def counting(x, grid, *args):
         calls.append(grid.shape)
         return real(x, grid, *args)
 
-    monkeypatch.setattr(tokenmerge.hooks.calls, "plan_merge", counting)
+    monkeypatch.setattr(tokenmerge.methods.tome, "plan_merge", counting)
     return calls
 
 

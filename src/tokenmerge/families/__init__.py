@@ -2,11 +2,10 @@
 
 Each module in this package defines ``FAMILY``, a :class:`Family`: the classes it claims (exact class names, looked
 up along a module's MRO, nearest class first) or, for UNets whose classes are too many to list, a structural test;
-how to lay out one of its denoisers for the generic hooks (:mod:`.base`); its pipelines, capabilities and an
-:class:`Example` per published model (its config, a tiny config, a pipeline's inputs) that tests and benchmarks
-build from. A
-family that cannot gain (linear attention) is registered with the reason it is refused. Adding a family means
-adding its module; nothing else lists the families (the README's matrix comes from ``tokenmerge support``).
+how to lay out one of its denoisers for the generic hooks (:mod:`.base`); its pipelines, capabilities and pixel
+scale. A family that cannot gain (linear attention) is registered with the reason it is refused. Adding a family
+means adding its module (and, for tests and benchmarks, its examples in :mod:`tokenmerge.tools.examples`); nothing
+else lists the families (the README's matrix comes from ``tokenmerge support``).
 
 Accepted objects: a diffusers ``DiffusionPipeline`` (every component with supported blocks), a diffusers model,
 the latent-diffusion object the webui passes (``model.model.diffusion_model``) and a bare ``ldm``/``sgm``
@@ -19,7 +18,6 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -33,41 +31,17 @@ __all__ = [
     "Container",
     "DenoiserLayout",
     "Discovery",
-    "Example",
     "Family",
     "KeyValueSite",
     "Span",
     "comfy_model_of",
     "comfy_models",
     "discover",
-    "examples",
     "families",
     "family_of",
     "get",
     "roots_of",
 ]
-
-
-@dataclass(frozen=True)
-class Example:
-    """How to build one of the family's models with random weights and call it as its pipeline does.
-
-    ``cls``: the diffusers class; ``config``: the published checkpoint's config; ``small``: overrides for a tiny
-    model of the same structure; ``inputs(model, height, width, batch, seed, text_tokens)``: keyword inputs at a
-    (height, width) latent (video models: also ``frames``, latent frames); ``blocks(config, n)``: the config with only the first ``n`` blocks; ``text_tokens``:
-    the pipeline's default text length; ``output``: how to read the denoised latent from the model's output."""
-
-    cls: str
-    config: dict[str, Any]
-    small: dict[str, Any]
-    inputs: Callable[..., dict[str, Any]]
-    text_tokens: int
-    blocks: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
-    output: Callable[[Any], torch.Tensor] | None = None
-    latent_multiple: int = 2  # latent sizes the model accepts are multiples of this
-    frames: int = 0  # a video model: the latent frames of its pipeline's default video (``inputs`` takes ``frames``)
-    vae_factor: int = 8  # px per latent cell (a video bench's sizes are px)
-    frame_factor: int = 4  # video frames per latent frame after the VAE's causal first one
 
 
 @dataclass(frozen=True)
@@ -84,7 +58,6 @@ class Family:
     methods: tuple[str, ...] = METHODS
     cross_attention: bool = False  # a separate text cross-attention exists (merge_crossattn means something)
     refused: str | None = None  # why this family is not patched
-    examples: dict[str, Example] = field(default_factory=dict, hash=False, compare=False)  # bench name -> example
     notes: str = ""  # how a call's grid, text and positions are read (support matrix, docs)
     kind: str = "transformer"  # "unet" or "transformer"
     members: tuple[str, ...] = field(default=())  # extra names for the matrix (ControlNets, ...)
@@ -132,11 +105,6 @@ _STRUCTURAL = tuple(f for f in _REGISTRY.values() if f.matches is not None)
 def families() -> tuple[Family, ...]:
     """Every registered family, in registry order (by name)."""
     return tuple(_REGISTRY.values())
-
-
-def examples() -> dict[str, tuple[Family, Example]]:
-    """Every published model the families describe, by bench name ("sd3", "sd35", "flux", ...)."""
-    return {name: (family, example) for family in _REGISTRY.values() for name, example in family.examples.items()}
 
 
 def get(name: str) -> Family:

@@ -254,14 +254,6 @@ class PerTokenTimestep:
         return isinstance(t, torch.Tensor) and t.ndim == 2
 
 
-def clean_first_frame(batch: int, tokens: int, frame_tokens: int, t: float) -> torch.Tensor:
-    """What :class:`PerTokenTimestep` reads, as image-to-video pipelines pass it (the families' example inputs):
-    ``t`` on every token, 0 on the first latent frame's ``frame_tokens`` (the clean condition image)."""
-    timestep = torch.full((batch, tokens), t)
-    timestep[:, :frame_tokens] = 0.0
-    return timestep
-
-
 def video_layout(shape: tuple[int, int, int], patch: tuple[int, ...], condition_first: bool, text: int = 0) -> TokenLayout:
     """[video; text] over a (frames, h, w) token grid; with ``condition_first`` the first frame is a reference
     segment of its own (never reduced) and the later frames are the target."""

@@ -21,11 +21,9 @@ with them (nearest interpolations).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from . import Example, Family
+from . import Family
 from .base import Argument, ComfyModel, Container, DenoiserLayout, Follow, VideoGrid, joint_block, single_stream_block
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="image")
@@ -51,60 +49,6 @@ def layout(module: torch.nn.Module) -> DenoiserLayout | None:
     return DenoiserLayout(module, [Container(module, blocks, 1, reader)], "hunyuanvideo", single_level=True)
 
 
-def inputs(model: torch.nn.Module, height: int, width: int, batch: int, seed: int, text_tokens: int, frames: int = 3) -> dict[str, Any]:
-    """The HunyuanVideo pipelines' call at a (frames, height, width) latent: Llama text (every token valid) with
-    CLIP's pooled prompt, the distilled guidance scale (6.0, x1000), one call per guidance branch."""
-    config, g, dtype = model.config, torch.Generator().manual_seed(seed), model.dtype
-    return {
-        "hidden_states": torch.randn(batch, config.in_channels, frames, height, width, generator=g).to(dtype),
-        "timestep": torch.full((batch,), 500, dtype=torch.long),
-        "encoder_hidden_states": torch.randn(batch, text_tokens, config.text_embed_dim, generator=g).to(dtype),
-        "encoder_attention_mask": torch.ones(batch, text_tokens, dtype=torch.long),
-        "pooled_projections": torch.randn(batch, config.pooled_projection_dim, generator=g).to(dtype),
-        "guidance": torch.full((batch,), 6000.0).to(dtype),
-        "return_dict": False,
-    }
-
-
-def first_blocks(config: dict[str, Any], n: int) -> dict[str, Any]:
-    return {**config, "num_layers": min(n, config["num_layers"]), "num_single_layers": min(n, config["num_single_layers"])}
-
-
-# transformer/config.json of hunyuanvideo-community/HunyuanVideo (13B).
-CONFIG = {
-    "in_channels": 16,
-    "out_channels": 16,
-    "num_attention_heads": 24,
-    "attention_head_dim": 128,
-    "num_layers": 20,
-    "num_single_layers": 40,
-    "num_refiner_layers": 2,
-    "mlp_ratio": 4.0,
-    "patch_size": 2,
-    "patch_size_t": 1,
-    "qk_norm": "rms_norm",
-    "guidance_embeds": True,
-    "text_embed_dim": 4096,
-    "pooled_projection_dim": 768,
-    "rope_theta": 256.0,
-    "rope_axes_dim": (16, 56, 56),
-}
-SMALL = {
-    "in_channels": 4,
-    "out_channels": 4,
-    "num_attention_heads": 2,
-    "attention_head_dim": 16,
-    "num_layers": 1,
-    "num_single_layers": 1,
-    "num_refiner_layers": 1,
-    "text_embed_dim": 16,
-    "pooled_projection_dim": 8,
-    "rope_axes_dim": (4, 6, 6),
-}
-# HunyuanVideo-I2V: the image latent concatenated as channels, and its first frame replaced in the tokens.
-I2V = {**CONFIG, "in_channels": 33, "image_condition_type": "token_replace"}
-SMALL_I2V = {**SMALL, "in_channels": 9, "image_condition_type": "token_replace"}
-TEXT_TOKENS = 256  # the pipeline's max_sequence_length (the prompt template's tokens cropped)
 FAMILY = Family(
     px=(16, 4),
     name="hunyuanvideo",
@@ -113,10 +57,6 @@ FAMILY = Family(
     layout=layout,
     pipelines=("HunyuanVideoPipeline", "HunyuanVideoImageToVideoPipeline"),
     # 129 frames (33 latent) at 720x1280 px: the pipeline's default.
-    examples={
-        "hunyuanvideo": Example("HunyuanVideoTransformer3DModel", CONFIG, SMALL, inputs, TEXT_TOKENS, first_blocks, frames=33),
-        "hunyuanvideo-i2v": Example("HunyuanVideoTransformer3DModel", I2V, SMALL_I2V, inputs, TEXT_TOKENS, first_blocks, frames=33),
-    },
     notes="grid: hidden_states (B, C, F, H, W) / (patch_size_t, patch_size, patch_size), frame-major; token_replace I2V: "
     "the first latent frame is a reference; text: encoder_hidden_states, after the video; rotary: image_rotary_emb "
     "(cos, sin), video rows, gathered at each sample's kept rows; the joint attention mask follows",

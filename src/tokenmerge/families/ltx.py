@@ -15,13 +15,10 @@ embedding.
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Any
-
 import torch
 
-from . import Example, Family
-from .base import ComfyModel, Container, DenoiserLayout, Follow, PackedVideoGrid, clean_first_frame, self_cross_block
+from . import Family
+from .base import ComfyModel, Container, DenoiserLayout, Follow, PackedVideoGrid, self_cross_block
 
 ROTARY = Follow("image_rotary_emb", dim=-2, stream="image")
 
@@ -37,51 +34,6 @@ def layout(module: torch.nn.Module) -> DenoiserLayout | None:
     return DenoiserLayout(module, [Container(module, blocks, 1, PackedVideoGrid(module))], "ltx", single_level=True)
 
 
-def inputs(
-    model: torch.nn.Module,
-    height: int,
-    width: int,
-    batch: int,
-    seed: int,
-    text_tokens: int,
-    frames: int = 3,
-    condition_frame: bool = False,
-) -> dict[str, Any]:
-    """The LTX pipelines' call at a (frames, height, width) latent: packed tokens, T5 text with its mask, guidance
-    as one batch; ``condition_frame``: image-to-video's per-token timestep, 0 on the first latent frame."""
-    config, g, dtype = model.config, torch.Generator().manual_seed(seed), model.dtype
-    n = frames * height * width
-    timestep = torch.full((batch,), 500.0)
-    if condition_frame:
-        timestep = clean_first_frame(batch, n, height * width, 500.0)
-    return {
-        "hidden_states": torch.randn(batch, n, config.in_channels, generator=g).to(dtype),
-        "encoder_hidden_states": torch.randn(batch, text_tokens, config.caption_channels, generator=g).to(dtype),
-        "timestep": timestep,
-        "encoder_attention_mask": torch.ones(batch, text_tokens, dtype=torch.long),
-        "num_frames": frames,
-        "height": height,
-        "width": width,
-        "return_dict": False,
-    }
-
-
-def first_blocks(config: dict[str, Any], n: int) -> dict[str, Any]:
-    return {**config, "num_layers": min(n, config["num_layers"])}
-
-
-# The class's defaults: Lightricks/LTX-Video 0.9's transformer (2B; 32x spatial, 8x temporal VAE).
-CONFIG: dict[str, Any] = {"num_layers": 28}
-SMALL = {
-    "in_channels": 8,
-    "out_channels": 8,
-    "num_attention_heads": 2,
-    "attention_head_dim": 8,
-    "cross_attention_dim": 16,
-    "num_layers": 2,
-    "caption_channels": 16,
-}
-TEXT_TOKENS = 128  # the pipelines' max_sequence_length
 FAMILY = Family(
     px=(32, 8),  # LTX's VAE: 32 px, 8 frames per latent cell, 1x1 patches
     name="ltx",
@@ -91,34 +43,6 @@ FAMILY = Family(
     pipelines=("LTXPipeline", "LTXImageToVideoPipeline", "LTXConditionPipeline"),
     cross_attention=True,
     # 161 frames (8x temporal VAE: 21 latent frames) at 512x704 px (32x VAE: 16x22 tokens a frame).
-    examples={
-        "ltx": Example(
-            "LTXVideoTransformer3DModel",
-            CONFIG,
-            SMALL,
-            inputs,
-            TEXT_TOKENS,
-            first_blocks,
-            None,
-            1,
-            frames=21,
-            vae_factor=32,
-            frame_factor=8,
-        ),
-        "ltx-i2v": Example(
-            "LTXVideoTransformer3DModel",
-            CONFIG,
-            SMALL,
-            partial(inputs, condition_frame=True),
-            TEXT_TOKENS,
-            first_blocks,
-            None,
-            1,
-            frames=21,
-            vae_factor=32,
-            frame_factor=8,
-        ),
-    },
     notes="grid: packed hidden_states (B, N, C) with the call's num_frames, height, width (latent) / patch sizes; a "
     "per-token timestep (image-to-video) makes the first latent frame a reference; text: cross-attention only; rotary: "
     "image_rotary_emb (cos, sin), each (B, N, D), gathered per sample at the kept rows",

@@ -4,7 +4,7 @@
 - ``calls``: open/close a call, capture token grids, decide each block's action;
 - ``tokens``: merge image tokens on entering a span, restore them on leaving it (ToMe);
 - ``attention``: downsample image keys/values (ToDo), by keyword or at the SDPA call;
-- ``install``: attach all of them from an adapter's layout, and remove them.
+- ``install``: attach all of them from a denoiser's layout (its family's), and remove them.
 """
 
 from .install import STATE_ATTR, install, states_in, states_of, uninstall

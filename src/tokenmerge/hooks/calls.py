@@ -293,14 +293,18 @@ class PlanBlock:
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or layout is None:
             quiet = layout is None and info.container in call.declined
             if not quiet and not config.is_identity and config.merges_level(info.level, self.patch.layout.top_level):
-                self.warnings.warn_once("unreadable", "could not read its (batch, tokens, channels) input or its token layout; it runs unchanged")
+                self.warnings.warn_once(
+                    "unreadable", "could not read its (batch, tokens, channels) input or its token layout; it runs unchanged"
+                )
             return IDLE
         stream = layout.stream(info.layout.input_stream)
         if call.split is not None and x.shape[1] != stream.total:
             # A block whose inputs the context-parallel plan splits (inside its forward) is handed the whole sequence.
             x = call.split.chunk(x)
         if x.shape[1] != stream.total:
-            self.warnings.warn_once("token count", f"got {x.shape[1]} tokens where its call's layout ({stream}) has {stream.total}; it runs unchanged")
+            self.warnings.warn_once(
+                "token count", f"got {x.shape[1]} tokens where its call's layout ({stream}) has {stream.total}; it runs unchanged"
+            )
             return IDLE
         shard = layout.shard
         plans = PlanStore(
@@ -393,4 +397,3 @@ def raise_lost_call(patch: PatchState, index: int) -> None:
         f"{patch.RECENT_CALLS} forward calls ago with no input requiring grad. Recomputing it with another call's "
         "plan would give wrong gradients. Run the forward with grad enabled, or remove the patch for this training run"
     )
-

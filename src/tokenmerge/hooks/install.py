@@ -1,4 +1,4 @@
-"""Attach one patch's hooks to a denoiser from its adapter layout, and take them off again."""
+"""Attach one patch's hooks to a denoiser from its family's layout of it, and take them off again."""
 
 from __future__ import annotations
 

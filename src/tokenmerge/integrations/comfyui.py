@@ -16,8 +16,8 @@ Differences from the diffusers/ldm hooks, forced by what the patch points see:
 same attn1 patch point. What a block does is decided by :func:`tokenmerge.planning.decide`, as everywhere.
 The state between a block's attn1 patch and its output patch is per thread.
 
-UNet models only (SD 1.x, 2.x, XL): ComfyUI's SD3 and Flux models offer no attention patch points at the
-ComfyUI version whose code the tests run (``notcomfy``); see the README's ComfyUI section.
+This module serves ComfyUI's UNets (SD 1.x, 2.x, XL) and holds the node; ComfyUI's diffusion transformers (Flux,
+Flux.2, SD3, Qwen-Image, Wan, ...) are patched through its attention override (:mod:`.comfyui_dit`).
 
 This module imports nothing from ComfyUI; the repository's root ``__init__.py`` exposes :class:`TokenMergeNode`.
 """

@@ -62,7 +62,20 @@ def plan_merge(
 
 class ToMe(Method):
     name = "tome"
-    reads = ("ratio", "sx", "sy", "st", "use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "seed", "share_plan", "reuse_steps", "match_dtype")
+    reads = (
+        "ratio",
+        "sx",
+        "sy",
+        "st",
+        "use_rand",
+        "merge_attn",
+        "merge_crossattn",
+        "merge_mlp",
+        "seed",
+        "share_plan",
+        "reuse_steps",
+        "match_dtype",
+    )
     routes = tuple(r for r in ROUTES if r != "comfyui-dit")  # ComfyUI's attention override sees no block to merge around
     merges = True
     supports_ring = False  # a ring rank attends to keys it does not hold, whose merge sizes it cannot know

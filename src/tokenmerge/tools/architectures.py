@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..families import examples
+from .examples import examples
 
 _SD15: dict[str, Any] = {
     "sample_size": 64,

@@ -28,7 +28,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import describe, patched
-from ..families import examples
 from .architectures import (
     BENCH_NOISE,
     TRANSFORMERS,
@@ -41,6 +40,7 @@ from .architectures import (
     transformer_inputs,
     unet_inputs,
 )
+from .examples import examples
 from .progress import progress_bar, wait_while_paused
 from .specs import PatchSpec, available
 
@@ -555,7 +555,7 @@ def run_comfy_dit_bench(
         patched = patch_model(patcher, TokenMergeConfig(**parsed.kwargs()))
         name = f"tokenmerge node {parsed.name.removeprefix('tokenmerge ')}"
         variants.append(Variant(name, lambda inputs, p=patched: comfy_dits.sample(p, model, 1, **step, **inputs)))
-    video = comfy_dits.TINY[model][-1]
+    video = comfy_dits.example(model).video
     sizes: dict[Size, Callable[[], dict[str, Any]]] = {}
     for size in sizes_px:
         h, w = (size, size) if isinstance(size, int) else size
