@@ -14,6 +14,8 @@ from tokenmerge.algorithms import Segment
 from tokenmerge.families import lumina2, zimage
 from tokenmerge.families.base import DECLINED
 from tokenmerge.tools.architectures import build_model, transformer_inputs, transformer_output
+from tokenmerge.tools.examples import lumina2 as lumina2_examples
+from tokenmerge.tools.examples import zimage as zimage_examples
 
 from conftest import AttentionCalls
 
@@ -29,11 +31,11 @@ def model_of(name: str) -> torch.nn.Module:
 
 
 def zimage_inputs(lengths: tuple[int, ...], seed: int = 0) -> dict:
-    return zimage.inputs(model_of("z-image"), *LATENT, len(lengths), seed, 0, lengths=lengths)
+    return zimage_examples.inputs(model_of("z-image"), *LATENT, len(lengths), seed, 0, lengths=lengths)
 
 
 def lumina2_inputs(lengths: tuple[int, ...], text: int = 16, seed: int = 0) -> dict:
-    return lumina2.inputs(model_of("lumina2"), *LATENT, len(lengths), seed, text, lengths=lengths)
+    return lumina2_examples.inputs(model_of("lumina2"), *LATENT, len(lengths), seed, text, lengths=lengths)
 
 
 def run(name: str, inputs: dict) -> torch.Tensor:
@@ -62,7 +64,7 @@ def sample(inputs: dict, i: int) -> dict:
 def test_zimage_layout_has_the_image_padding_as_a_segment_never_reduced():
     with tokenmerge.patched(model_of("z-image"), ratio=0.5):
         layout = layout_of("z-image", zimage_inputs((40, 5)))
-        even = layout_of("z-image", zimage.inputs(model_of("z-image"), 16, 16, 1, 0, 3))
+        even = layout_of("z-image", zimage_examples.inputs(model_of("z-image"), 16, 16, 1, 0, 3))
     assert layout.segments == (Segment("image", 63, layout.grid), Segment(zimage.PADDING, 1), Segment("text", 64))
     assert layout.grid.shape == (9, 7) and layout.stream("image").total == 64 and layout.total == 128
     assert layout.references == () and layout.text_tokens == 64

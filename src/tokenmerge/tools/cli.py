@@ -6,8 +6,10 @@ support`` (the support matrix from the family registry)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -295,9 +297,20 @@ def _positive_size(value: str) -> int | tuple[int, int]:
     return sides[0], sides[1]
 
 
+# The reference models and their training code come with the repository, not the wheel (pyproject's exclude).
+REFERENCE = importlib.util.find_spec("tokenmerge.tools.reference") is not None
+NO_REFERENCE = (
+    "the reference models and their training code come with tokenmerge's repository, not its wheel: clone it and "
+    'install it from there (pip install -e ".[eval]", as its README says)'
+)
+
+
+def _no_reference(args: argparse.Namespace) -> int:
+    raise SystemExit(f"tokenmerge {args.command}: error: {NO_REFERENCE}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from .reference.models import DEFAULT_KIND, KINDS
 
     parser = argparse.ArgumentParser(
         prog="tokenmerge",
@@ -396,6 +409,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(func=_bench)
 
+    if REFERENCE:
+        _reference_commands(commands)
+    else:
+        for name in ("eval", "train-reference"):
+            stub = commands.add_parser(name, help=f"(from a clone of the repository: {NO_REFERENCE})", add_help=False)
+            stub.add_argument("rest", nargs=argparse.REMAINDER)
+            stub.set_defaults(func=_no_reference)
+    desc = commands.add_parser(
+        "describe",
+        help="what a patch does to a model family's published architecture or a diffusers folder, block by block, at a size",
+        description="Builds the model from its config on the meta device (no weights, no memory, no download), patches it "
+        "with --config and prints each block's action at --size; with a diffusers folder and --steps, how many of its "
+        "scheduler's steps the noise gate (max_noise) reduces.",
+    )
+    desc.add_argument("model", help=f"a model family's example ({', '.join(TRANSFORMERS + UNETS)}) or a diffusers pipeline folder")
+    desc.add_argument(
+        "--config", default="auto", metavar="SPEC", help="the patch: tome:0.5, todo:2, auto, 'auto,max_noise=1', ... (default auto)"
+    )
+    desc.add_argument("--size", type=_positive_size, default=1024, help="image size in px, or height x width (default 1024)")
+    desc.add_argument("--frames", type=int, help="video models: video frames (e.g. 81)")
+    desc.add_argument("--steps", type=int, default=0, help="a diffusers folder: count the reduced steps of a generation of N steps")
+    desc.set_defaults(func=_describe)
+    support = commands.add_parser(
+        "support",
+        help="print the support matrix (model family x method x front end, with the classes) from the family registry",
+    )
+    support.add_argument("--notes", action="store_true", help="add how each family's token grid, text and positions are read")
+    support.add_argument("--write-readme", metavar="README", help="replace the matrix between the README's markers instead of printing")
+    support.set_defaults(func=_support)
+    return parser
+
+
+def _reference_commands(commands: Any) -> None:
+    """``eval`` and ``train-reference``, where the reference models are installed (a clone)."""
+    from .reference.models import DEFAULT_KIND, KINDS
+
     ev = commands.add_parser(
         "eval",
         help="paired image quality (PSNR, SSIM, rel. L2) and speed of configurations vs vanilla sampling",
@@ -490,29 +539,6 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-finish", dest="finish", action="store_false", help="skip the final measurements, sample grid and model card")
     tr.add_argument("--finish-only", action="store_true", help="only measure the run's weights and write its model card")
     tr.set_defaults(func=_train)
-    desc = commands.add_parser(
-        "describe",
-        help="what a patch does to a model family's published architecture or a diffusers folder, block by block, at a size",
-        description="Builds the model from its config on the meta device (no weights, no memory, no download), patches it "
-        "with --config and prints each block's action at --size; with a diffusers folder and --steps, how many of its "
-        "scheduler's steps the noise gate (max_noise) reduces.",
-    )
-    desc.add_argument("model", help=f"a model family's example ({', '.join(TRANSFORMERS + UNETS)}) or a diffusers pipeline folder")
-    desc.add_argument(
-        "--config", default="auto", metavar="SPEC", help="the patch: tome:0.5, todo:2, auto, 'auto,max_noise=1', ... (default auto)"
-    )
-    desc.add_argument("--size", type=_positive_size, default=1024, help="image size in px, or height x width (default 1024)")
-    desc.add_argument("--frames", type=int, help="video models: video frames (e.g. 81)")
-    desc.add_argument("--steps", type=int, default=0, help="a diffusers folder: count the reduced steps of a generation of N steps")
-    desc.set_defaults(func=_describe)
-    support = commands.add_parser(
-        "support",
-        help="print the support matrix (model family x method x front end, with the classes) from the family registry",
-    )
-    support.add_argument("--notes", action="store_true", help="add how each family's token grid, text and positions are read")
-    support.add_argument("--write-readme", metavar="README", help="replace the matrix between the README's markers instead of printing")
-    support.set_defaults(func=_support)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

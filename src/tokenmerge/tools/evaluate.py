@@ -184,7 +184,7 @@ def make_sampler(
     model: str | None, size: int | None, steps: int, guidance: float, frames: int | None = None
 ) -> ReferenceSampler | PipelineSampler:
     """``model``: None (the default shipped reference model, ``DEFAULT_KIND``), a shipped kind (``unet``, ``sd3``,
-    ``flux``, ``video``, ``unet-v1``), a reference ``.safetensors`` file, or a diffusers pipeline folder.
+    ``flux``, ``video``), a reference ``.safetensors`` file, or a diffusers pipeline folder.
     ``size`` None: the reference model's own size (64 px; the video model's 32 px), 512 px for a pipeline."""
     from .reference.models import DEFAULT_KIND, KINDS, shipped
 
@@ -456,7 +456,7 @@ def nearest_class_accuracy(images: list[np.ndarray], labels: list[int], class_na
     bank, bank_labels = [], []
     g = torch.Generator().manual_seed(0)
     for label, name in enumerate(class_names):
-        if name not in photos:  # a model trained on photographs this version does not list (unet-v1)
+        if name not in photos:  # a model trained on photographs this version does not list
             continue
         image = load_photo(photos[name], 128)
         crops, _ = random_crops([image], crops_per_photo, 16, g, torch.zeros(crops_per_photo, dtype=torch.long))

@@ -39,7 +39,7 @@ TRAIN_TIMESTEPS = 1000
 IMAGE_SIZE = 64
 VIDEO_SIZE = 32  # the video model's frame side in px
 VIDEO_FRAMES = 4
-KINDS = ("unet", "sd3", "flux", "video", "unet-v1")
+KINDS = ("unet", "sd3", "flux", "video")
 # What `tokenmerge eval` judges with by default: the UNet v2 architecture, trained at 32 px and finished at the 64 px it is evaluated at.
 DEFAULT_KIND = "unet"
 
@@ -95,12 +95,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "rope_max_seq_len": 64,
     },
 }
-# The first reference model (kept to compare with): 32 px, and 32 heads of 1 channel at its top level.
-CONFIGS["unet-v1"] = {**CONFIGS["unet"], "sample_size": 32, "attention_head_dim": 32}
 
 
 def _is_unet(kind: str) -> bool:
-    return kind.startswith("unet")
+    return kind == "unet"
 
 
 def _cond_dim(kind: str) -> int:
@@ -206,10 +204,9 @@ def read_metadata(path: str | Path) -> dict[str, str]:
 
 
 def shipped(kind: str = "unet") -> Path:
-    """The path of the reference model of ``kind`` that ships with the package."""
-    from importlib import resources
-
-    return Path(str(resources.files("tokenmerge") / "assets" / f"reference-{kind}.safetensors"))
+    """The path of the reference model of ``kind``: beside this module, in the repository (the wheel carries neither
+    the reference models nor their code; they come with a clone, ``pip install -e .``)."""
+    return Path(__file__).parent / "assets" / f"reference-{kind}.safetensors"
 
 
 def load_reference(path: str | Path) -> ReferenceModel:
@@ -220,12 +217,10 @@ def load_reference(path: str | Path) -> ReferenceModel:
     if not path.exists():
         raise FileNotFoundError(f"no reference model at {path}")
     meta = read_metadata(path)
-    kind = meta.get("kind", "unet-v1")  # v1 files predate the kind field
-    model = ReferenceModel(kind, int(meta["num_classes"]), json.loads(meta["class_names"]))
-    state = {k: v.float() for k, v in load_file(str(path)).items()}
-    if kind == "unet-v1":  # v1 named its backbone "unet"
-        state = {k.replace("unet.", "denoiser.", 1) if k.startswith("unet.") else k: v for k, v in state.items()}
-    model.load_state_dict(state)
+    if "kind" not in meta:
+        raise ValueError(f"{path} is a reference model of tokenmerge 0.1 (unet-v1), which this version no longer loads")
+    model = ReferenceModel(meta["kind"], int(meta["num_classes"]), json.loads(meta["class_names"]))
+    model.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
     return model.eval()
 
 

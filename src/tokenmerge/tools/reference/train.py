@@ -1,7 +1,7 @@
 """Train a reference model on random crops of the bundled photographs; checkpointed and resumable.
 
     tokenmerge train-reference --kind unet --out runs/unet --hours 6      # resumes runs/unet/checkpoint.pt if present
-    tokenmerge train-reference --kind flux --out runs/flux --init-from src/tokenmerge/assets/reference-flux.safetensors
+    tokenmerge train-reference --kind flux --out runs/flux --init-from src/tokenmerge/tools/reference/assets/reference-flux.safetensors
     tokenmerge train-reference --kind video --out runs/video --hours 2
 
 Everything is seeded: the data stream's generator state is part of the checkpoint, so an interrupted and
