@@ -199,3 +199,43 @@ def test_an_attention_that_uses_its_rotary_table_another_way_falls_back_to_one_p
         assert state.shared_plans
     found = [m for m in _messages(caught) if "its own rows" in m]
     assert len(found) == 1 and "one matching serves the whole batch" in found[0]
+
+
+@pytest.mark.parametrize("name", ["HunyuanDiT2DModel", "AuraFlowTransformer2DModel"])
+def test_a_model_no_family_describes_is_refused_saying_so_and_why(name):
+    """HunyuanDiT's and AuraFlow's transformers hold transformer blocks, but no family module describes where their
+    image, text and positions sit: refused as unsupported, with the reason (never patched with a guessed layout)."""
+    import diffusers
+
+    small = {
+        "HunyuanDiT2DModel": dict(
+            num_attention_heads=2,
+            attention_head_dim=8,
+            in_channels=4,
+            patch_size=2,
+            num_layers=2,
+            cross_attention_dim=16,
+            cross_attention_dim_t5=16,
+            pooled_projection_dim=8,
+            text_len=4,
+            text_len_t5=4,
+            sample_size=8,
+            hidden_size=16,
+        ),
+        "AuraFlowTransformer2DModel": dict(
+            sample_size=8,
+            num_mmdit_layers=1,
+            num_single_dit_layers=1,
+            attention_head_dim=8,
+            num_attention_heads=2,
+            joint_attention_dim=16,
+            caption_projection_dim=16,
+            pos_embed_max_size=16,
+        ),
+    }[name]
+    model = getattr(diffusers, name)(**small)
+    with pytest.raises(
+        TypeError, match=rf"{name}: no supported model family\. tokenmerge patches a model only where a family module describes"
+    ):
+        tokenmerge.apply_patch(model, method="auto")
+    assert "no supported model family" in str(tokenmerge.describe(model))
