@@ -187,3 +187,14 @@ def pytest_report_header(config) -> str:
     import os
 
     return f"ComfyUI: COMFYUI_PATH={os.environ.get('COMFYUI_PATH', '(unset)')}, {notcomfy}"
+
+
+def sample_of(value, single, i: int):
+    """Sample ``i`` of a batched input, along the axis where the batch sits (found against the same input at batch 1:
+    HiDream's Llama states are (layers, B, tokens, C)); a per-sample list (Z-Image's latents) by its element."""
+    if isinstance(value, list) and isinstance(single, list) and len(value) != len(single):
+        return value[i : i + 1]
+    if not isinstance(value, torch.Tensor):
+        return value
+    dims = [d for d, (a, b) in enumerate(zip(value.shape, single.shape)) if a != b]
+    return value.narrow(dims[0], i, 1) if dims else value

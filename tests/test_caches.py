@@ -164,7 +164,7 @@ def test_tome_leaves_the_blocks_a_cache_decides_by_unmerged(family, cache, first
     assert [i for i in seen if seen[i] == {full[i]}] == deciding
     assert all(max(seen[i]) < full[i] for i in seen if i not in deciding)
     notices = [str(w.message) for w in caught if "decides by the output of" in str(w.message)]
-    assert len(notices) == (1 if deciding else 0) and all("tome leaves them unmerged" in n for n in notices), notices
+    assert len(notices) == (1 if deciding else 0) and all("tome leaves them whole" in n for n in notices), notices
 
 
 @pytest.mark.parametrize("cache,method", [("dbcache", "tome"), ("dbcache-nocal", "tome"), ("dbcache", "auto")])

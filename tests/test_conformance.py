@@ -21,7 +21,7 @@ from tokenmerge.algorithms import TokenGrid, nearest_indices
 from tokenmerge.tools.architectures import at_noise, build_model, timestep_scale, transformer_inputs, transformer_output
 from tokenmerge.tools.examples import examples
 
-from conftest import AttentionCalls
+from conftest import AttentionCalls, sample_of
 
 EXAMPLES = tuple(examples())
 METHODS = {
@@ -177,22 +177,11 @@ def test_deterministic_and_every_image_independent_of_its_batch(name, method):
         batch, single = inputs_of(name, batch=3, seed=5), inputs_of(name, batch=1, seed=5)
         together = run(name, batch)
         for i in range(3):
-            alone = run(name, {k: _sample(v, single[k], i) for k, v in batch.items()})
+            alone = run(name, {k: sample_of(v, single[k], i) for k, v in batch.items()})
             gap = ((together[i : i + 1] - alone).abs().max() / alone.abs().max()).item()
             assert gap < 1e-4, f"sample {i} of a batch of 3 differs from its result alone by {gap:.3g}"
         (state,) = [s for _, s in tokenmerge.hooks.states_in([model_of(name)])]
         assert not state.shared_plans
-
-
-def _sample(value, single, i: int):
-    """Sample ``i`` of a batched input, along the axis where the batch sits (found against the same input at batch 1:
-    HiDream's Llama states are (layers, B, tokens, C)); a per-sample list (Z-Image's latents) by its element."""
-    if isinstance(value, list) and isinstance(single, list) and len(value) != len(single):
-        return value[i : i + 1]
-    if not isinstance(value, torch.Tensor):
-        return value
-    dims = [d for d, (a, b) in enumerate(zip(value.shape, single.shape)) if a != b]
-    return value.narrow(dims[0], i, 1) if dims else value
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

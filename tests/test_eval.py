@@ -249,7 +249,7 @@ def test_compare_metrics_and_config_parsing():
     assert PatchSpec.parse("auto").kwargs() == {"method": "auto"}
     assert PatchSpec.parse("todo:4").kwargs() == {"method": "todo", "kv_factor": 4}
     for bad in ("fast", "auto:2", "tome", "tome:0.5,shareplan=1", "tomesd:0.5,seed=1"):
-        with pytest.raises(ValueError, match="tome:0.5, todo:2, auto or tomesd:0.5|options are name=value"):
+        with pytest.raises(ValueError, match="tome:0.5, todo:2, auto, tokencache\\[:0.25\\] or tomesd:0.5|options are name=value"):
             PatchSpec.parse(bad)
     with pytest.raises(ValueError, match="reuse_steps"):
         PatchSpec.parse("tome:0.5,reuse_steps=0")

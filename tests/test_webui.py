@@ -141,7 +141,7 @@ def test_extension_replaces_tomesd_and_adds_its_settings_as_choices(webui_module
         f"tokenmerge_{name}" for name in ("method", "kv_factor", "kv_interpolation", "use_rand", "seed", "merge_crossattn")
     }
     method = opts.added["tokenmerge_method"]
-    assert method.component is webui_modules.gradio.Radio and method.component_args["choices"] == ["tome", "todo", "auto"]
+    assert method.component is webui_modules.gradio.Radio and method.component_args["choices"] == ["tome", "todo", "auto", "tokencache"]
     assert opts.added["tokenmerge_kv_interpolation"].component is webui_modules.gradio.Dropdown
     shim = webui_modules.sd_models.tomesd
     assert shim is not None
@@ -195,6 +195,12 @@ def test_extension_routes_forges_token_merging_through_tokenmerge(webui_modules,
         assert expected in seen  # tome: queries, keys and values merged; todo: keys/values downsampled
         assert torch.isfinite(out).all() and not torch.equal(out, vanilla)
     assert torch.equal(forge_standin.sample(sd_model.forge_objects_after_applying_lora.unet, x, context), vanilla)
+
+    webui_modules.shared.opts.tokenmerge_method = "tokencache"  # not on Forge's route yet: unchanged, said once
+    sd_model.forge_objects = sd_model.forge_objects_after_applying_lora.shallow_copy()
+    with pytest.warns(UserWarning, match="method='tokencache' does not run on Forge yet"):
+        forge_standin.apply_token_merging(sd_model, 0.5)
+    assert torch.equal(forge_standin.sample(sd_model.forge_objects.unet, x, context), vanilla)
 
 
 def test_extension_warns_where_neither_webui_route_exists(webui_modules):

@@ -50,6 +50,7 @@ class DenoiserDescription:
     component: str = ""  # where it sits in the model ("transformer", "transformer_2", "controlnet", ...)
     grid: TokenGrid | None = None  # the top-level token grid described, if any
     steps: str = ""  # what the noise gate does with the pipeline's steps, if asked
+    cache: str = ""  # what a per-generation method holds in this thread, if anything
 
     @property
     def patched_blocks(self) -> tuple[BlockDescription, ...]:
@@ -65,7 +66,7 @@ class DenoiserDescription:
             header += f", at a {self.grid} token grid"
         if self.config.noise_limit < 1 and not self.config.is_identity:
             header += f", in the steps at noise level <= {self.config.noise_limit:g} (1 = pure noise; the others run unchanged)"
-        lines = [header] + ([f"  steps: {self.steps}"] if self.steps else [])
+        lines = [header] + ([f"  steps: {self.steps}"] if self.steps else []) + ([f"  cache: {self.cache}"] if self.cache else [])
         return "\n".join(lines + list(map(str, self.blocks)))
 
 
@@ -157,7 +158,8 @@ def _steps(pipe: Any, component: str, config: TokenMergeConfig, steps: int, grid
 
 def _describe(patch: PatchState, grid: TokenGrid | None, component: str, steps: str) -> DenoiserDescription:
     config, layout = patch.config, patch.layout
-    enabled = {name for name in ("merge_attn", "merge_crossattn", "merge_mlp") if config.merges(name, layout.single_level)}
+    every = config.method_of.every_span
+    enabled = {name for name in ("merge_attn", "merge_crossattn", "merge_mlp") if every or config.merges(name, layout.single_level)}
     blocks = []
     for info in patch.blocks:
         spans = tuple(s.name for s in info.layout.spans if s.option in enabled)
@@ -165,7 +167,8 @@ def _describe(patch: PatchState, grid: TokenGrid | None, component: str, steps: 
         action = _action(config, spans, info.level, layout.top_level, grid) if patched else "unchanged (level not patched)"
         blocks.append(BlockDescription(info.index, info.layout.kind, info.level, spans, patched, action))
     family = get(layout.family).title
-    return DenoiserDescription(type(layout.root).__name__, family, layout.top_level, config, tuple(blocks), component, grid, steps)
+    cache = config.method_of.held(patch.generations()) if config.method_of.per_generation else ""
+    return DenoiserDescription(type(layout.root).__name__, family, layout.top_level, config, tuple(blocks), component, grid, steps, cache)
 
 
 def describe(

@@ -13,8 +13,8 @@ from .config import DEFAULTS, OPTION_NAMES, TOMESD_PARAMETERS, TokenMergeConfig,
 from .families import discover, get, roots_of
 from .families.base import has_class_named
 from .hooks import PatchState, install, states_in, states_of, uninstall
-from .hooks.attention import projections_fused
 from .hooks.install import STATE_ATTR
+from .hooks.sites import projections_fused
 from .notices import warn_at_caller
 
 

@@ -71,7 +71,7 @@ def decide(config: TokenMergeConfig, facts: BlockFacts) -> BlockAction:
             (
                 "deciding cache",
                 f"{decider} whether to run the rest; merged, that output would carry ToMe's error, which changes from "
-                "step to step by more than the cache's threshold, and the cache would reuse no step: tome leaves them unmerged",
+                f"step to step by more than the cache's threshold, and the cache would reuse no step: {method.name} leaves them whole",
             )
         )
         return idle("a step cache decides by its output")

@@ -58,12 +58,17 @@ def grid_partition(
 class TokenSpan(Protocol):
     """The span protocol: what a stretch of a block (an attention, an MLP, a whole block) runs on instead of all its
     tokens, and how its output is spread back. ``gather`` (B, N, C) -> (B, K, C): the tokens the stretch runs on;
-    ``scatter`` (B, K, C) -> (B, N, C): every token's output from them; ``keep_idx`` (B, K): where each gathered token
-    sits (the row of a position table or mask it takes); ``rows``: the plan of a slice of the batch. ToMe's
-    :class:`MergePlan` implements it (gather = average into destinations, scatter = copy back); a span of selected
-    tokens (a token cache's) implements it too. The hooks use nothing else (:mod:`tokenmerge.hooks.tokens`)."""
+    ``scatter`` (B, K, C) -> (B, N, C): every token's output from them (``span``: which of the block's spans, for
+    a span that keeps state per span); ``keep_idx`` (B, K): where each gathered token sits (the row of a position table
+    or mask it takes); ``rows``: the plan of a slice of the batch (None where it cannot be sliced); ``whole``: it keeps
+    every token (nothing to gather); ``fills_keys``: its attentions attend to every token's keys and values, which
+    ``fill_keys(site, key, value, mask, start)`` gives them. ToMe's :class:`MergePlan` implements it (gather = average
+    into destinations, scatter = copy back); the token cache's selected tokens implement it too
+    (:class:`tokenmerge.methods.tokencache.SelectSpan`). The hooks use nothing else (:mod:`tokenmerge.hooks.tokens`)."""
 
     keep_idx: torch.Tensor
+    whole: bool
+    fills_keys: bool
 
     @property
     def batch_size(self) -> int: ...
@@ -74,11 +79,11 @@ class TokenSpan(Protocol):
     @property
     def num_kept(self) -> int: ...
 
-    def gather(self, x: torch.Tensor) -> torch.Tensor: ...
+    def gather(self, x: torch.Tensor, span: int = 0) -> torch.Tensor: ...
 
-    def scatter(self, y: torch.Tensor) -> torch.Tensor: ...
+    def scatter(self, y: torch.Tensor, span: int = 0) -> torch.Tensor: ...
 
-    def rows(self, start: int, stop: int) -> TokenSpan: ...
+    def rows(self, start: int, stop: int) -> TokenSpan | None: ...
 
 
 @dataclass
@@ -124,8 +129,14 @@ class MergePlan:
         """Copy each slot's value back to every position it stands for: (B, N - r, C) -> (B, N, C)."""
         return y.gather(1, self._index(self.unmerge_idx, y.shape[0], y.shape[-1]))
 
-    gather = merge  # the span protocol (TokenSpan)
-    scatter = unmerge
+    whole = False  # the span protocol (TokenSpan): a merge keeps fewer tokens
+    fills_keys = False  # its attentions attend to the merged tokens only
+
+    def gather(self, x: torch.Tensor, span: int = 0) -> torch.Tensor:
+        return self.merge(x)
+
+    def scatter(self, y: torch.Tensor, span: int = 0) -> torch.Tensor:
+        return self.unmerge(y)
 
     def rows(self, start: int, stop: int) -> MergePlan:
         """The plan of batch rows [start, stop), for callers that process a batch in chunks."""

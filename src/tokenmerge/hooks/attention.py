@@ -23,6 +23,7 @@ from ..algorithms import TokenLayout, downsample_tokens, reduce_keys_values
 from . import dispatch
 from .calls import first_tensor
 from .modes import call_through
+from .sites import keyword_route, projections_fused
 from .state import BlockWarnings, PatchState
 from .step_caches import caching_wrappers
 
@@ -30,16 +31,39 @@ _SDPA = F.scaled_dot_product_attention
 _SDPA_NAMES = ("query", "key", "value", "attn_mask")
 
 
-def projections_fused(attention: torch.nn.Module) -> bool:
-    """diffusers attention whose q/k/v projections are fused (``fuse_qkv_projections``): no ``to_kv`` for a
-    separate key/value source. The processor, not ``fused_projections``, says it (unfusing keeps the flag)."""
-    processor = getattr(attention, "processor", None)
-    if processor is not None and type(processor).__name__.startswith("Fused"):
-        return True
-    return bool(getattr(attention, "fused_projections", False)) and not hasattr(attention, "to_kv") and processor is None
+class KeyValueMode(TorchFunctionMode):
+    """A mode active for one attention call that changes the keys and values it attends to (:meth:`reduce`), at torch's
+    ``scaled_dot_product_attention`` (as a TorchFunctionMode) and in front of every diffusers ``dispatch_attention_fn``
+    backend (:mod:`tokenmerge.hooks.dispatch` calls :meth:`reduce` and marks the call ``dispatching``, so that a
+    backend built on SDPA is not changed twice). ``reduced`` counts the calls it changed."""
+
+    def __init__(self, layout: TokenLayout) -> None:
+        super().__init__()
+        self.layout = layout
+        self.reduced = 0
+        self.dispatching = 0
+        self.mask_skipped = False
+
+    def reduce(self, key: torch.Tensor, value: torch.Tensor, mask: Any) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+        """(B, H, S, D) keys and values and their mask, changed; ``None`` where they stay as they are."""
+        raise NotImplementedError
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not _SDPA or self.dispatching:
+            return call_through(func, args, kwargs)
+        values = dict(zip(_SDPA_NAMES, args))
+        values.update({k: v for k, v in kwargs.items() if k in _SDPA_NAMES})
+        rest = {k: v for k, v in kwargs.items() if k not in _SDPA_NAMES}
+        rest.update({k: v for k, v in zip(_SDPA_NAMES, args) if k not in values})
+        found = self.reduce(values["key"], values["value"], values.get("attn_mask"))
+        if found is None:
+            return func(*args, **kwargs)
+        key, value, mask = found
+        return func(values["query"], key, value, **({"attn_mask": mask} if "attn_mask" in values else {}), **rest)
 
 
-class ReduceKeysValues(TorchFunctionMode):
+class ReduceKeysValues(KeyValueMode):
     """One attention call's key/value reduction: the image segment of its keys and values (and the matching mask
     columns) downsampled, whichever route computes the attention.
 
@@ -52,15 +76,12 @@ class ReduceKeysValues(TorchFunctionMode):
     def __init__(
         self, layout: TokenLayout, factors: tuple[int, ...], interpolation: str, projections: bool, keep: torch.Tensor | None = None
     ) -> None:
-        super().__init__()
-        self.layout, self.grid, self.factors, self.interpolation = layout, layout.grid, factors, interpolation
+        super().__init__(layout)
+        self.grid, self.factors, self.interpolation = layout.grid, factors, interpolation
         self.start = layout.image_start
         self.keep = keep  # sequence parallelism: the rank's image positions to keep (the whole grid's selection)
         self.projections = projections  # the attention's to_k / to_v may downsample their inputs
         self.projected = 0
-        self.reduced = 0
-        self.dispatching = 0
-        self.mask_skipped = False
 
     def reduce(self, key: torch.Tensor, value: torch.Tensor, mask: Any) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
         """(B, H, S, D) keys and values and their mask, reduced; ``None`` where they stay as they are (another
@@ -80,19 +101,22 @@ class ReduceKeysValues(TorchFunctionMode):
         self.reduced += 1
         return found
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is not _SDPA or self.dispatching:
-            return call_through(func, args, kwargs)
-        values = dict(zip(_SDPA_NAMES, args))
-        values.update({k: v for k, v in kwargs.items() if k in _SDPA_NAMES})
-        rest = {k: v for k, v in kwargs.items() if k not in _SDPA_NAMES}
-        rest.update({k: v for k, v in zip(_SDPA_NAMES, args) if k not in values})
-        found = self.reduce(values["key"], values["value"], values.get("attn_mask"))
-        if found is None:
-            return func(*args, **kwargs)
-        key, value, mask = found
-        return func(values["query"], key, value, **({"attn_mask": mask} if "attn_mask" in values else {}), **rest)
+
+class FillKeysValues(KeyValueMode):
+    """One attention call inside a span that gathered some image tokens (a token cache's): the keys and values the
+    attention computed for the gathered tokens are put among those of every image token the span keeps for this site
+    (:meth:`tokenmerge.algorithms.TokenSpan.fill_keys`), so that its queries attend to every token."""
+
+    def __init__(self, layout: TokenLayout, span: Any, site: int) -> None:
+        super().__init__(layout)
+        self.span, self.site = span, site
+        self.length = layout.total - span.num_tokens + span.num_kept  # the gathered sequence's length
+
+    def reduce(self, key: torch.Tensor, value: torch.Tensor, mask: Any) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+        if key.shape[-2] != self.length or (mask is not None and not isinstance(mask, torch.Tensor)):
+            return None
+        self.reduced += 1
+        return self.span.fill_keys(self.site, key, value, mask, self.layout.image_start)
 
 
 class DownsampleKeysValues:
@@ -107,6 +131,8 @@ class DownsampleKeysValues:
         call = self.patch.current()
         block = None if call is None else call.running  # (not looked up by index: see CallState.running)
         action = None if block is None else block.action
+        if action is not None and block.layout is not None and getattr(action.plan, "fills_keys", False):
+            return self._fill(module, args, kwargs, block, action.plan)
         if action is None or action.kv_grid is None or block.layout is None:
             return None
         site = block.info.layout.kv_sites[self.site]
@@ -129,6 +155,22 @@ class DownsampleKeysValues:
         dispatch.ACTIVE.stack.append(mode)
         return None
 
+    def _fill(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], block: Any, span: Any):
+        """Inside a span that gathered image tokens: give the attention every token's keys and values. A plain
+        self-attention taking them by keyword projects them from every token's input (exact); elsewhere the mode
+        :class:`FillKeysValues` puts the gathered tokens' among those the span keeps."""
+        site = block.info.layout.kv_sites[self.site]
+        if keyword_route(site):
+            if kwargs.get(site.context_kwarg) is not None:  # it attends to a context already
+                return None
+            full = next((block.inputs[s] for s, sp in enumerate(block.info.layout.spans) if sp.enter is module and s in block.inputs), None)
+            return None if full is None or span.whole else (args, {**kwargs, site.context_kwarg: full})
+        mode = FillKeysValues(block.layout.stream(site.stream), span, self.site)
+        mode.__enter__()
+        self.patch.open_mode(module, mode)
+        dispatch.ACTIVE.stack.append(mode)
+        return None
+
 
 class CloseKeyValueMode:
     """Forward hook on an attention: leave the SDPA mode its pre-hook entered. (Where the attention raises, the
@@ -140,7 +182,7 @@ class CloseKeyValueMode:
         self.warnings = BlockWarnings(patch, block)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
-        mode = self.patch.close_mode(module, ReduceKeysValues)
+        mode = self.patch.close_mode(module, KeyValueMode)
         if mode is None:
             return
         dispatch.exit_mode(mode)

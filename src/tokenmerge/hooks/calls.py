@@ -16,6 +16,7 @@ from ..notices import warn_at_caller
 from ..planning import decide, gated, noise_level
 from . import dispatch
 from .parallel import ContextSplit, context_split
+from .sites import keyword_route
 from .state import BlockCall, BlockInfo, BlockWarnings, CallState, PatchState, in_backward
 from .step_caches import cache_dit_lists, deciding_cache, extrapolating_cache
 
@@ -92,6 +93,8 @@ class BeginCall:
                 cache.last_timestep = value
             step = cache.step
         call = CallState(config, t, step, split=context_split(patch.layout.root), noise=self._noise(t, config))
+        if config.method_of.per_generation and not config.is_identity and not torch.compiler.is_compiling():
+            call.generation = self._generation(config, x, t)
         if patch.routes_dispatch and not torch.compiler.is_compiling():
             dispatch.ensure_wrapped()  # once per call: backends registered (cache-dit) after the patch get the route too
         patch.push(call)
@@ -100,6 +103,16 @@ class BeginCall:
             self._notice_extrapolation()
         if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and not torch.compiler.is_compiling():
             patch.record(x, call)
+
+    def _generation(self, config: TokenMergeConfig, x: Any, t: torch.Tensor | None) -> Any:
+        """The generation this call belongs to (this thread's; one per classifier-free guidance slot): started afresh
+        when the noise level goes back up or the batch, dtype or device changes (one host read of the timestep)."""
+        value = None if t is None else t.flatten().tolist()
+        noise = None if t is None else noise_level(t, self.scale)
+        key = (x.shape[0], x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else None
+        generation = self.patch.generations().begin(value, noise, key)
+        config.method_of.begin(config, generation)
+        return generation
 
     def _notice_extrapolation(self) -> None:
         """A step cache forecasting its residuals under tome is said once: it runs, but loses more than either alone."""
@@ -329,6 +342,10 @@ class PlanBlock:
             plans=plans,
             decider=lambda: self._decider(call, module, info),
             device=x.device,
+            block=info.index,
+            spans=len(info.layout.spans),
+            cached_sites=tuple(k for k, site in enumerate(info.layout.kv_sites) if not keyword_route(site)),
+            generation=call.generation,
         )
         action = decide(config, facts)
         for topic, message in facts.notes:

@@ -49,12 +49,14 @@ class BlockCall:
     action: BlockAction
     layout: TokenLayout | None = None  # the call's token layout where this block runs (its streams derive from it)
     active: dict[int, Any] = field(default_factory=dict)  # span index -> (plan, stream layout) its input was merged with
+    inputs: dict[int, Any] = field(default_factory=dict)  # span index -> its full input, where its attention may need it
     chunk_cursor: int = 0
     info: BlockInfo | None = None  # the block's fixed facts (its spans and sites), for the hooks inside it
 
     def begin(self) -> None:
         """Start (or restart, when recomputed) the block's execution."""
         self.active.clear()
+        self.inputs.clear()
         self.chunk_cursor = 0
 
 
@@ -77,6 +79,7 @@ class CallState:
     split: Any = None  # hooks.parallel.ContextSplit: the context-parallel split this call runs under, if any
     noise: float | None = None  # the call's noise level where max_noise needs it (planning.noise_level)
     cache_lists: Any = None  # hooks.step_caches.cache_dit_lists of the denoiser, read as the call began (tome only)
+    generation: Any = None  # a per-generation method's state of this call (methods.tokencache.Generation)
 
 
 class _Anchor(torch.autograd.Function):
@@ -227,6 +230,21 @@ class PatchState:
         if cache is None or cache.epoch != self.epoch:
             cache = self._local.cache = StepCache(self.epoch)
         return cache
+
+    def generations(self) -> Any:
+        """This thread's generations of a per-generation method (methods.tokencache.Generations), started afresh when
+        the options change; dropped with the patch."""
+        from ..methods.tokencache import Generations
+
+        found = getattr(self._local, "generations", None)
+        if found is None or found[0] != self.epoch:
+            found = self._local.generations = (self.epoch, Generations())
+        return found[1]
+
+    def cache_bytes(self) -> int:
+        """Bytes this thread's generations hold (0 for other methods)."""
+        found = getattr(self._local, "generations", None)
+        return 0 if found is None else found[1].nbytes
 
     # -- recomputation in backward ----------------------------------------------------------------------
     def record(self, x: torch.Tensor, call: CallState) -> None:

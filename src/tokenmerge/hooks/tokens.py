@@ -47,20 +47,21 @@ class _SpanHook:
         return block.info.layout.spans[self.span]
 
 
-def _gather(span: TokenSpan, x: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-    """The span's tokens of ``x`` (laid out as ``layout``): its target image segment gathered, every other token in place."""
+def _gather(span: TokenSpan, x: torch.Tensor, layout: TokenLayout, index: int) -> torch.Tensor:
+    """The span's tokens of ``x`` (laid out as ``layout``): its target image segment gathered, every other token in
+    place; ``index``: which span of the block."""
     start, n = layout.image_start, span.num_tokens
     if start == 0 and n == x.shape[1]:
-        return span.gather(x)
-    return torch.cat([x[:, :start], span.gather(x[:, start : start + n]), x[:, start + n :]], dim=1)
+        return span.gather(x, index)
+    return torch.cat([x[:, :start], span.gather(x[:, start : start + n], index), x[:, start + n :]], dim=1)
 
 
-def _scatter(span: TokenSpan, y: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+def _scatter(span: TokenSpan, y: torch.Tensor, layout: TokenLayout, index: int) -> torch.Tensor:
     """Every token's output of a span's output ``y``: its image segment scattered back, the rest in place."""
     start, kept = layout.image_start, span.num_kept
     if start == 0 and kept == y.shape[1]:
-        return span.scatter(y)
-    return torch.cat([y[:, :start], span.scatter(y[:, start : start + kept]), y[:, start + kept :]], dim=1)
+        return span.scatter(y, index)
+    return torch.cat([y[:, :start], span.scatter(y[:, start : start + kept], index), y[:, start + kept :]], dim=1)
 
 
 class EnterSpan(_SpanHook):
@@ -74,7 +75,8 @@ class EnterSpan(_SpanHook):
         if block is None or block.action.plan is None:
             return None
         span = self.span_of(block)
-        if not self.patch.current().config.merges(span.option, self.patch.layout.single_level):
+        config = self.patch.current().config
+        if not config.method_of.every_span and not config.merges(span.option, self.patch.layout.single_level):
             return None
         modules = [span.enter, span.leave, *[m for m, _ in span.follows]]
         notice = cached_span_notice(modules, lambda: f"the {span.name} of block {self.block}")
@@ -97,7 +99,13 @@ class EnterSpan(_SpanHook):
             return plan
         start = block.chunk_cursor
         block.chunk_cursor = (start + b) % plan.batch_size
-        return plan.rows(start, start + b)
+        part = plan.rows(start, start + b)
+        if part is None:
+            self.warnings.warn_once(
+                "batch chunks",
+                "a sub-layer runs on chunks of the batch (feed-forward chunking), which this span cannot follow; it runs whole",
+            )
+        return part
 
     def _enter(self, x: Any, block: BlockCall, plan: MergePlan) -> torch.Tensor | None:
         span = self.span_of(block)
@@ -108,7 +116,9 @@ class EnterSpan(_SpanHook):
         if plan is None:
             return None
         block.active[self.span] = (plan, stream)
-        return _gather(plan, x, stream)
+        if getattr(plan, "fills_keys", False):  # its attention may take every token's keys from the full input
+            block.inputs[self.span] = x
+        return _gather(plan, x, stream, self.span)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         block = self.block_call()
@@ -154,9 +164,10 @@ class LeaveSpan(_SpanHook):
         if active is None:
             return None
         plan, stream = active
+        block.inputs.pop(self.span, None)
         if self.index is None or not isinstance(output, (tuple, list)):
-            return _scatter(plan, output, stream)
-        restored = _scatter(plan, output[self.index], stream)
+            return _scatter(plan, output, stream, self.span)
+        restored = _scatter(plan, output[self.index], stream, self.span)
         return type(output)((*output[: self.index], restored, *output[self.index + 1 :]))
 
 
@@ -258,6 +269,8 @@ class FollowMerge(_SpanHook):
         if active is None or value is None:
             return None
         plan, _ = active
+        if plan.whole:  # the span keeps every token: nothing to gather
+            return None
         layout = block.layout.stream(self.follow.stream)
         element = self.follow.element
         if isinstance(value, (tuple, list)):

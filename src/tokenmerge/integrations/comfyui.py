@@ -32,15 +32,17 @@ from typing import Any
 import torch
 
 from ..algorithms import MergePlan, TokenGrid, downsample_tokens
-from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig
+from ..config import DEFAULTS, KV_INTERPOLATIONS, TokenMergeConfig
 from ..families import ldm
-from ..methods import IDLE, BlockFacts
+from ..methods import IDLE, BlockFacts, methods_on
 from ..notices import warn_at_caller
 from ..planning import block_key, decide, gated
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
 _STAGES = {"input": 1, "middle": 2, "output": 3}
 MAX_DOWNSAMPLE_CHOICES = ("auto", "1", "2", "4", "8")
+
+COMFY_METHODS = methods_on("comfyui-unet", "comfyui-dit")  # what the node offers
 
 
 @functools.cache
@@ -256,6 +258,11 @@ def patch_model(model_patcher: Any, config: TokenMergeConfig) -> Any:
     attention override (diffusion transformers, :mod:`.comfyui_dit`)."""
     from .comfyui_dit import patch_dit
 
+    if config.method not in COMFY_METHODS:
+        raise ValueError(
+            f"method={config.method!r} does not run through ComfyUI's model patcher yet (it runs in diffusers and the "
+            f"webui); method must be one of {', '.join(COMFY_METHODS)} here"
+        )
     dit = patch_dit(model_patcher, config)
     if dit is not None:
         return dit
@@ -296,7 +303,7 @@ class TokenMergeNode:
                 "use_rand": ("BOOLEAN", {"default": d.use_rand}),
                 "seed": ("INT", {"default": d.seed or 0, "min": 0, "max": 2**63 - 1}),
                 "merge_crossattn": ("BOOLEAN", {"default": d.merge_crossattn}),
-                "method": (list(METHODS), {"default": d.method}),
+                "method": (list(COMFY_METHODS), {"default": d.method}),
                 "kv_factor": ("INT", {"default": d.kv_factor, "min": 1, "max": 8, "tooltip": "method todo: key/value downsampling factor"}),
                 "kv_interpolation": (list(KV_INTERPOLATIONS), {"default": d.kv_interpolation}),
                 "max_noise": (

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig, ignored_by
+from ..methods import methods_on
 from ..patch import apply_patch, remove_patch
 from .comfyui import patch_model
 
@@ -44,7 +45,8 @@ SETTINGS: tuple[Setting, ...] = (
         "tokenmerge_method",
         "method",
         DEFAULTS.method,
-        "Token merging method: tome merges tokens, todo downsamples keys/values, auto picks a per-block factor",
+        "Token merging method: tome merges tokens, todo downsamples keys/values, auto picks a per-block factor, "
+        "tokencache recomputes only the tokens that changed since the last step",
         "Radio",
         {"choices": list(METHODS)},
     ),
@@ -125,6 +127,15 @@ def forge_patcher(settings: Callable[[], dict[str, Any]]) -> type:
         def patch(self, model: Any, ratio: float) -> Any:
             config = TokenMergeConfig(ratio=ratio, **options_from(settings()))
             config.warn_if_capped()
+            if "forge" not in config.method_of.routes:
+                if config.method not in self.warned:
+                    self.warned.add(config.method)
+                    warnings.warn(
+                        f"tokenmerge: method={config.method!r} does not run on Forge yet (diffusers and AUTOMATIC1111 "
+                        f"only); Forge's token merging leaves the model unchanged (choose one of {', '.join(methods_on('forge'))})",
+                        stacklevel=2,
+                    )
+                return model
             try:
                 return patch_model(model, config)
             except TypeError as error:

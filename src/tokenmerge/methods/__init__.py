@@ -1,4 +1,4 @@
-"""The methods, as data and code: one module each (:mod:`.tome`, :mod:`.todo`, :mod:`.auto`), each a
+"""The methods, as data and code: one module each (:mod:`.tome`, :mod:`.todo`, :mod:`.auto`, :mod:`.tokencache`), each a
 :class:`~tokenmerge.methods.base.Method` declaring the options it reads, its per-block decision, what ``describe()``
 prints and the routes it runs on. Adding a method means adding its module and listing it here; nothing outside this
 package compares method names (the CLI's parsing of specs aside)."""
@@ -8,15 +8,21 @@ from __future__ import annotations
 from .auto import AUTO_MAX_NOISE, Auto, auto_kv_factor, auto_kv_factors
 from .base import IDLE, ROUTES, BlockAction, BlockFacts, Method, PlanStore, idle
 from .todo import ToDo
+from .tokencache import TokenCache
 from .tome import ToMe, merge_count, plan_merge, window_of
 
-REGISTRY: dict[str, Method] = {m.name: m for m in (ToMe(), ToDo(), Auto())}
+REGISTRY: dict[str, Method] = {m.name: m for m in (ToMe(), ToDo(), Auto(), TokenCache())}
 METHODS: tuple[str, ...] = tuple(REGISTRY)
 
 
 def get(name: str) -> Method:
     """The method named ``name`` (a validated config's ``method``)."""
     return REGISTRY[name]
+
+
+def methods_on(*routes: str) -> tuple[str, ...]:
+    """The methods that run on any of ``routes`` (:data:`~tokenmerge.methods.base.ROUTES`): what a front end offers."""
+    return tuple(name for name, method in REGISTRY.items() if set(routes) & set(method.routes))
 
 
 __all__ = [
@@ -34,6 +40,7 @@ __all__ = [
     "get",
     "idle",
     "merge_count",
+    "methods_on",
     "plan_merge",
     "window_of",
 ]

@@ -91,6 +91,10 @@ class BlockFacts:
     decider: Callable[[], str | None] | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     notes: list[tuple[str, str]] = field(default_factory=list)  # (topic, message) to say once per patch
+    block: int = -1  # the block's index
+    spans: int = 0  # how many spans the block has
+    cached_sites: tuple[int, ...] = ()  # its attention sites whose keys and values a token cache keeps
+    generation: Any = None  # the call's generation state (methods with per_generation)
 
 
 @dataclass
@@ -118,6 +122,15 @@ class Method:
     reduces_keys: ClassVar[bool] = False  # acts on attention keys and values (a processor's own kernel escapes it)
     merges: ClassVar[bool] = False  # merges spans of a block (a step cache's deciding block then runs whole)
     supports_ring: ClassVar[bool] = True  # under ring attention (ranks attend to keys they do not hold)
+    every_span: ClassVar[bool] = False  # acts on every span of a block, whatever the merge_* options
+    per_generation: ClassVar[bool] = False  # keeps state across the calls of a generation (begin() starts each call)
+
+    def begin(self, config: TokenMergeConfig, generation: Any) -> None:
+        """A call of a generation begins (methods with ``per_generation``)."""
+
+    def held(self, generations: Any) -> str:
+        """What this thread's generations hold (methods with ``per_generation``), for ``describe()``."""
+        return ""
 
     def is_identity(self, config: TokenMergeConfig) -> bool:
         """Whether these options leave every block unchanged."""

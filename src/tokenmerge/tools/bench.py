@@ -43,6 +43,7 @@ from .architectures import (
 from .examples import examples
 from .progress import progress_bar, wait_while_paused
 from .specs import PatchSpec, available
+from .work import WorkCounter
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 
@@ -89,6 +90,8 @@ class Row:
     attention_share: float | None = None  # vanilla rows: share of the time in image attention
     width_px: int | None = None  # video rows: the width, and the frames of video
     frames: int | None = None
+    macs: int = 0  # multiply-adds of one forward or loop (counted in the warm-up round)
+    less_work: float = 1.0  # vanilla's multiply-adds / this variant's
 
     @property
     def size(self) -> Size:
@@ -274,6 +277,7 @@ def time_variants(
         outputs: dict[str, torch.Tensor] = {}
         times: dict[str, list[float]] = {v.name: [] for v in variants}
         memory: dict[str, list[float]] = {v.name: [] for v in variants}
+        macs: dict[str, int] = {}
         attention_share = None
         for rep in range(repeats + 1):
             round_started = time.perf_counter()
@@ -283,11 +287,11 @@ def time_variants(
                 timer = AttentionTimer(device) if time_attention and rep == 0 and variant is variants[0] else None
                 with peak_memory(device) as peak:
                     t0 = time.perf_counter()
-                    if timer is not None:
-                        with timer:
-                            out = variant.forward(inputs)
-                    else:
+                    counter = WorkCounter() if rep == 0 and time_attention else contextlib.nullcontext()  # (compiled: not traced under it)
+                    with counter, timer if timer is not None else contextlib.nullcontext():
                         out = variant.forward(inputs)
+                    if rep == 0:
+                        macs[variant.name] = counter.total if isinstance(counter, WorkCounter) else 0
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     elapsed = time.perf_counter() - t0
@@ -326,6 +330,8 @@ def time_variants(
                     share,
                     None if video is None else video.width,
                     None if video is None else video.frames,
+                    macs[variant.name],
+                    macs[variants[0].name] / macs[variant.name] if macs[variant.name] else float("nan"),
                 )
             )
     if bar is not None:
@@ -583,13 +589,14 @@ def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu", t
                 f"image attention: {vanilla.attention_share:.0%} of vanilla's time; ceiling of attention-only speed-ups {vanilla.ceiling:.2f}x"
             )
         lines.append(
-            f"| {'variant':<{width}} | {'median s/' + timed:>16} | {'min-max s':>15} | {'speed-up':>8} | {'peak MiB':>8} | {'cosine':>8} | {'rel. L2':>8} |"
+            f"| {'variant':<{width}} | {'median s/' + timed:>16} | {'min-max s':>15} | {'speed-up':>8} | {'peak MiB':>8} | {'cosine':>8} | {'rel. L2':>8} | {'GMACs':>9} | {'less work':>9} |"
         )
-        lines.append(f"|{'-' * (width + 2)}|{'-' * 18}|{'-' * 17}|{'-' * 10}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
+        lines.append(f"|{'-' * (width + 2)}|{'-' * 18}|{'-' * 17}|{'-' * 10}|{'-' * 10}|{'-' * 10}|{'-' * 10}|{'-' * 11}|{'-' * 11}|")
         for r in (r for r in rows if r.size == size):
             spread = f"{r.min_s:.2f}-{r.max_s:.2f}"
             lines.append(
-                f"| {r.variant:<{width}} | {r.median_s:>16.3f} | {spread:>15} | {r.speedup:>7.2f}x | {r.peak_mem_mb:>8.0f} | {r.cosine:>8.5f} | {r.rel_l2:>8.4f} |"
+                f"| {r.variant:<{width}} | {r.median_s:>16.3f} | {spread:>15} | {r.speedup:>7.2f}x | {r.peak_mem_mb:>8.0f} | {r.cosine:>8.5f} | "
+                f"{r.rel_l2:>8.4f} | {r.macs / 1e9:>9.1f} | {r.less_work:>8.2f}x |"
             )
         lines += noise_notes([r for r in rows if r.size == size])
     lines.append(legend(rounds, timed))
@@ -620,7 +627,8 @@ def legend(rounds: int | None, timed: str) -> str:
         f"\nspeed-up: vanilla's median / the variant's ({count}, interleaved, order rotated each round); min-max: the "
         f"fastest and slowest {timed}; peak MiB: the process's memory growth during one {timed}; cosine, rel. L2: the "
         "output against vanilla's from the same inputs (random weights: they show that a patch acts and how much, not "
-        "image quality: see docs/quality.md)"
+        f"image quality: see docs/quality.md); GMACs: multiply-adds of one {timed} (linear layers, matrix products, "
+        "convolutions, attention; counted in the warm-up round, machine-independent), less work: vanilla's / the variant's"
     )
 
 

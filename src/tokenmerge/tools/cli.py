@@ -177,7 +177,7 @@ def _eval(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as error:
         raise SystemExit(f"tokenmerge eval: error: --configs: {error}") from error
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    bar = progress_bar(len(seeds) * (len(configs) + 1), "eval")
+    bar = progress_bar((len(seeds) + 1) * (len(configs) + 1), "eval")  # + one counted generation each
     results, images = run_eval(configs, seeds, sampler, sampler.target, progress=(lambda: bar.update(1)) if bar else (lambda: None))
     if bar:
         bar.close()

@@ -29,6 +29,7 @@ import torch
 
 from .caches import Clock
 from .specs import PatchSpec, available
+from .work import count
 
 PROMPTS = ("a photograph of a cat", "a mountain lake at dawn", "a bowl of fruit on a table", "a red car in the city")
 
@@ -69,6 +70,8 @@ class Result:
     psnr_frames: list[list[float]] = field(default_factory=list)  # clips: per seed, PSNR of each frame
     seconds: float = 0.0
     speedup: float = 1.0
+    macs: int = 0  # multiply-adds of one generation (the first seed's, counted apart from the timed runs)
+    less_work: float = 1.0  # vanilla's multiply-adds / this configuration's
 
     def summary(self) -> dict[str, Any]:
         def stats(values: list[float]) -> tuple[float, float]:
@@ -88,6 +91,8 @@ class Result:
             "rel_l2_std": stats(self.rel_l2)[1],
             "seconds": self.seconds,
             "speedup": self.speedup,
+            "gmacs": self.macs / 1e9,
+            "less_work": self.less_work,
             "psnr_per_seed": list(self.psnr),  # in seed order, the same seeds for every configuration: paired differences
         } | ({"psnr_per_frame": self.frame_means()} if self.psnr_frames else {})
 
@@ -210,7 +215,9 @@ def run_eval(
     progress: Callable[[], None] = lambda: None,
 ) -> tuple[list[Result], dict[str, list[np.ndarray]]]:
     """Per seed, vanilla and every configuration from the same seed and noise, in an order rotated from seed
-    to seed (so that no configuration always runs first); each image is then compared with vanilla's."""
+    to seed (so that no configuration always runs first); each image is then compared with vanilla's. Each
+    configuration's work (multiply-adds, :mod:`tokenmerge.tools.work`) is counted on one more, untimed generation of
+    the first seed."""
     runs: list[PatchSpec | None] = [None, *configs]
     results = {"vanilla": Result("vanilla")} | {c.name: Result(c.name) for c in configs}
     images: dict[str, list[np.ndarray]] = {name: [] for name in results}
@@ -234,22 +241,31 @@ def run_eval(
                 results[name].rel_l2.append(rel)
                 if image.ndim == 4:
                     results[name].psnr_frames.append(frame_psnr(image, reference))
-    base = results["vanilla"].seconds
+    for config in runs:
+        with contextlib.nullcontext() if config is None else config.applied(target, clock=getattr(sampler, "clock", None)):
+            results["vanilla" if config is None else config.name].macs = count(lambda: sampler(seeds[0])).total
+        progress()
+    base, work = results["vanilla"].seconds, results["vanilla"].macs
     for result in results.values():
         result.speedup = base / result.seconds if result.seconds else float("nan")
+        result.less_work = work / result.macs if result.macs else float("nan")
     return list(results.values()), images
 
 
 def format_results(results: list[Result], header: str) -> str:
-    lines = [header, "| configuration | PSNR (dB) | SSIM | rel. L2 | seconds | speed-up |", "|---|---|---|---|---|---|"]
+    lines = [
+        header,
+        "| configuration | PSNR (dB) | SSIM | rel. L2 | seconds | speed-up | work (×less) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         s = r.summary()
         if r.name == "vanilla":
-            lines.append(f"| vanilla | (reference) | (reference) | 0 | {s['seconds']:.1f} | 1.00x |")
+            lines.append(f"| vanilla | (reference) | (reference) | 0 | {s['seconds']:.1f} | 1.00x | {s['gmacs']:.2f} GMACs |")
             continue
         lines.append(
             f"| {r.name} | {s['psnr_mean']:.2f} ± {s['psnr_std']:.2f} | {s['ssim_mean']:.4f} ± {s['ssim_std']:.4f} | "
-            f"{s['rel_l2_mean']:.4f} ± {s['rel_l2_std']:.4f} | {s['seconds']:.1f} | {s['speedup']:.2f}x |"
+            f"{s['rel_l2_mean']:.4f} ± {s['rel_l2_std']:.4f} | {s['seconds']:.1f} | {s['speedup']:.2f}x | {s['less_work']:.2f}x |"
         )
     clips = [r for r in results if r.psnr_frames]
     if clips:

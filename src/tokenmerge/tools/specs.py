@@ -1,6 +1,7 @@
 """Configurations named on the command line (``tokenmerge bench`` / ``tokenmerge eval``), e.g.
 
-``tome:0.5`` (ratio), ``todo:2`` (key/value factor), ``auto``, ``tomesd:0.5`` (the reference library)
+``tome:0.5`` (ratio), ``todo:2`` (key/value factor), ``auto``, ``tokencache`` or ``tokencache:0.25`` (the fraction
+recomputed), ``tomesd:0.5`` (the reference library)
 and any tokenmerge option after a comma: ``tome:0.5,share_plan=true,reuse_steps=3,match_dtype=bfloat16``;
 with ``+`` an accelerator for whole sampling loops (``bench --steps``, ``eval``): one of a UNet pipeline's
 (:mod:`tokenmerge.tools.pipelines`: ``deepcache``, ``freeu``, ``slicing``) or a transformer's step cache
@@ -21,9 +22,9 @@ from ..config import OPTION_NAMES, TokenMergeConfig, ignored_by
 from .caches import CACHES, NAMES, Clock, enable_cache
 from .pipelines import PIPELINE_ACCELERATORS, PIPELINE_NAMES
 
-SPEC_METHODS = ("tome", "todo", "auto", "tomesd")  # "none": accelerators alone
+SPEC_METHODS = ("tome", "todo", "auto", "tokencache", "tomesd")  # "none": accelerators alone
 ACCELERATORS = (*PIPELINE_ACCELERATORS, *CACHES)
-_FORMAT = f"tome:0.5, todo:2, auto or tomesd:0.5, optionally followed by ,option=value and +accelerator ({', '.join(ACCELERATORS)})"
+_FORMAT = f"tome:0.5, todo:2, auto, tokencache[:0.25] or tomesd:0.5, optionally followed by ,option=value and +accelerator ({', '.join(ACCELERATORS)})"
 
 
 def _parse_value(text: str) -> Any:
@@ -66,7 +67,7 @@ class PatchSpec:
     def _parse_patch(cls, text: str, spec: str) -> PatchSpec:
         head, *extras = text.split(",")
         method, _, value = head.partition(":")
-        if method not in SPEC_METHODS or (method == "auto") != (value == ""):
+        if method not in SPEC_METHODS or (method == "auto" and value) or (method not in ("auto", "tokencache") and not value):
             raise ValueError(f"configuration must look like {_FORMAT}; got {spec!r}")
         options: dict[str, Any] = {}
         for extra in extras:
@@ -81,7 +82,10 @@ class PatchSpec:
                 raise ValueError(f"configuration must look like {_FORMAT}; got {spec!r}") from None
             parsed = cls(method, factors, options)
         else:
-            parsed = cls(method, None if method == "auto" else float(value), options)
+            try:
+                parsed = cls(method, float(value) if value else None, options)
+            except ValueError:
+                raise ValueError(f"configuration must look like {_FORMAT}; got {spec!r}") from None
         if method != "tomesd":
             TokenMergeConfig(**parsed.kwargs())  # reject bad values now, not after an hour of benchmarking
         return parsed
@@ -91,6 +95,8 @@ class PatchSpec:
         base: dict[str, Any] = {"method": self.method}
         if self.method == "tome":
             base["ratio"] = self.value
+        elif self.method == "tokencache" and self.value is not None:
+            base["recompute"] = self.value
         elif self.method == "todo":
             base["kv_factor"] = self.value if isinstance(self.value, tuple) else int(self.value)  # type: ignore[arg-type]
         return base | self.options
@@ -104,7 +110,16 @@ class PatchSpec:
             head = f"tomesd 0.1.3 r={self.value:g}"
         else:
             value = "x".join(map(str, self.value)) if isinstance(self.value, tuple) else f"{self.value:g}" if self.value is not None else ""
-            head = {"tome": "tokenmerge r={}", "todo": "tokenmerge todo f={}", "auto": "tokenmerge auto"}[self.method].format(value)
+            head = (
+                {
+                    "tome": "tokenmerge r={}",
+                    "todo": "tokenmerge todo f={}",
+                    "auto": "tokenmerge auto",
+                    "tokencache": "tokenmerge tokencache {}",
+                }[self.method]
+                .format(value)
+                .rstrip()
+            )
             head += "".join(f" {k}={v}" for k, v in self.options.items())
         return " + ".join([head, *accelerators])
 

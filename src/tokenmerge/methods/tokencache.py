@@ -1,0 +1,278 @@
+"""``method="tokencache"``: token-wise caching across steps (in the spirit of ToCa, ICLR 2025, written from its paper).
+
+Every span of a patched block (an attention, a cross-attention, an MLP, Flux's parallel attention + MLP) keeps, per
+sample and image token, its output at the step that last computed that token. A step computes fully (and records
+every output) in a generation's first ``full_steps`` steps and every ``refresh_every``-th step after them; the steps
+between recompute a fraction ``recompute`` of each sample's image tokens and give the others their cached outputs.
+Which tokens: the token grid (row-major) is cut into windows of ``round(1 / recompute)`` tokens and each window
+recomputes the token whose block input moved most since it was last computed (relative to its size), so the
+recomputed tokens are spread over the image and a window's stalest change comes first; text and reference tokens
+are always computed. The recomputed queries attend to the keys and values of every token: fresh for the recomputed
+ones, the cached keys and values (after the rotary embedding) of the last full step for the others; where a plain
+self-attention takes its keys from a keyword (a UNet's ``attn1``), every token's keys and values are projected
+fresh instead (exact).
+
+State belongs to one generation: a sequence of calls of one patched model in one thread (:class:`Generations`:
+classifier-free guidance's halves called apart have a slot each, a batch's samples their rows); a generation starts
+afresh when the noise level goes back up, or the grid, batch or dtype changes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..algorithms import Shard, TokenGrid
+from .base import BlockAction, BlockFacts, Method, idle
+
+if TYPE_CHECKING:
+    from ..config import TokenMergeConfig
+
+
+@dataclass
+class Generation:
+    """The caches of one generation (one slot of one thread): per grid, the block input each image token had when it
+    was last computed; per (block, span), each image token's output; per (block, attention site), the image keys and
+    values of the last full step; and what this call does."""
+
+    key: tuple  # (batch, dtype, device): another starts a new generation
+    noise: float | None = None  # the last call's noise level
+    steps: int = 0  # the calls of this generation whose blocks ran (a step a step cache skipped does not count)
+    ran: bool = False  # a block of the current call acted
+    inputs: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, N, C)
+    outputs: dict[tuple, torch.Tensor] = field(default_factory=dict)  # (block, span) -> (B, N, C')
+    keys: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # (block, site) -> (B, H, N, D) x 2
+    full: bool = True  # this call computes every token
+    selections: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, k) this call's tokens
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.block_bytes().values())
+
+    def block_bytes(self) -> dict[int | None, int]:
+        """Bytes held per block (None: the recorded block inputs, one per grid)."""
+        held: dict[int | None, int] = {None: sum(_bytes(t) for t in self.inputs.values())}
+        for (block, _), t in self.outputs.items():
+            held[block] = held.get(block, 0) + _bytes(t)
+        for (block, _), kv in self.keys.items():
+            held[block] = held.get(block, 0) + sum(map(_bytes, kv))
+        return held
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class Generations:
+    """A patch's generations in one thread: one per slot (the calls made at one timestep: classifier-free guidance's
+    conditional and unconditional halves called apart), started afresh when a call is noisier than the slot's last
+    one (a new generation: the noise level went back up) or has another batch, dtype or device."""
+
+    def __init__(self) -> None:
+        self.slots: list[Generation] = []
+        self.last: tuple[list[float] | None, int] = (None, -1)  # the last call's timestep and slot
+
+    def begin(self, timestep: list[float] | None, noise: float | None, key: tuple) -> Generation:
+        last_t, last_slot = self.last
+        slot = last_slot + 1 if timestep is not None and timestep == last_t else 0
+        self.last = (timestep, slot)
+        while len(self.slots) <= slot:
+            self.slots.append(Generation(key))
+        generation = self.slots[slot]
+        if generation.key != key or (noise is not None and generation.noise is not None and noise > generation.noise):
+            generation = self.slots[slot] = Generation(key)
+        generation.noise = noise
+        generation.selections = {}
+        return generation
+
+    @property
+    def nbytes(self) -> int:
+        return sum(g.nbytes for g in self.slots)
+
+
+class SelectSpan:
+    """The token cache's span (:class:`tokenmerge.algorithms.TokenSpan`): each sample's selected image tokens gathered,
+    the span's output scattered into its cached outputs (the selected tokens' replaced), the span's attentions given
+    every token's keys and values; on a full step (``index`` None) every token is kept, and its outputs, keys and
+    values are recorded."""
+
+    fills_keys = True
+
+    def __init__(self, generation: Generation, block: int, index: torch.Tensor | None, n: int) -> None:
+        self.generation = generation
+        self.block = block
+        self.index = index  # (B, k) selected positions, in order; None: every token (a full step, recorded)
+        self.n = n
+        self.keep_idx = index if index is not None else torch.arange(n).unsqueeze(0)
+
+    @property
+    def whole(self) -> bool:
+        return self.index is None
+
+    @property
+    def batch_size(self) -> int:
+        return self.keep_idx.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.n
+
+    @property
+    def num_kept(self) -> int:
+        return self.n if self.index is None else self.index.shape[1]
+
+    def _expand(self, t: torch.Tensor) -> torch.Tensor:
+        return self.index[..., None].expand(-1, -1, t.shape[-1])
+
+    def gather(self, x: torch.Tensor, span: int = 0) -> torch.Tensor:
+        return x if self.index is None else x.gather(1, self._expand(x))
+
+    def scatter(self, y: torch.Tensor, span: int = 0) -> torch.Tensor:
+        key = (self.block, span)
+        if self.index is None:
+            self.generation.outputs[key] = y.detach().clone()
+            return y
+        full = self.generation.outputs[key].to(y.dtype).scatter(1, self._expand(y), y)
+        self.generation.outputs[key] = full.detach()
+        return full
+
+    def fill_keys(self, site: int, key: torch.Tensor, value: torch.Tensor, mask: Any, start: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """(B, H, S', D) keys and values of an attention of the span, with every image token's: the gathered tokens'
+        fresh, the others' kept from their last computation (recorded whole on a full step); a mask over the gathered
+        keys widened to every key (the others attended)."""
+        cache = (self.block, site)
+        if self.index is None:
+            self.generation.keys[cache] = tuple(t[:, :, start : start + self.n].detach().clone() for t in (key, value))
+            return key, value, mask
+        k = self.index.shape[1]
+
+        def fill(fresh: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+            at = self.index[:, None, :, None].expand(-1, fresh.shape[1], -1, fresh.shape[-1])
+            return kept.to(fresh.dtype).scatter(2, at, fresh[:, :, start : start + k])
+
+        image_k, image_v = (fill(t, kept) for t, kept in zip((key, value), self.generation.keys[cache]))
+        self.generation.keys[cache] = (image_k.detach(), image_v.detach())
+        key = torch.cat([key[:, :, :start], image_k, key[:, :, start + k :]], dim=2)
+        value = torch.cat([value[:, :, :start], image_v, value[:, :, start + k :]], dim=2)
+        if isinstance(mask, torch.Tensor) and mask.shape[-1] == key.shape[2] - self.n + k:
+            mask = _widen(mask, self.index, start, self.n)
+        return key, value, mask
+
+    def rows(self, start: int, stop: int) -> SelectSpan | None:
+        return self if self.index is None else None  # (its caches hold the whole batch: not a chunk of it)
+
+
+def _widen(mask: torch.Tensor, index: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    """A mask over the gathered keys (..., S') widened to every key (..., S): the gathered image columns at their
+    positions, the other image columns attended (True, or 0 for an additive mask)."""
+    k = index.shape[1]
+    image = mask[..., start : start + k]
+    fill = torch.ones((), dtype=torch.bool) if mask.dtype == torch.bool else torch.zeros((), dtype=mask.dtype)
+    full = fill.to(mask.device).expand(*image.shape[:-1], n).clone()
+    at = index.view(index.shape[0], *([1] * (mask.ndim - 2)), k).expand(*image.shape) if mask.shape[0] == index.shape[0] else None
+    if at is None:  # a mask shared by the batch: a sample's columns cannot differ (the first sample's)
+        at = index[0].expand(*image.shape)
+    full = full.scatter(-1, at, image)
+    return torch.cat([mask[..., :start], full, mask[..., start + k :]], dim=-1)
+
+
+def window_of(config: TokenMergeConfig) -> int:
+    """Tokens per window: one of them recomputed per cached step."""
+    return max(1, round(1 / config.recompute))
+
+
+def select(change: torch.Tensor, window: int) -> torch.Tensor:
+    """Each window's most changed token, per sample: (B, N) scores -> (B, ceil(N / window)) positions, in order."""
+    b, n = change.shape
+    windows = math.ceil(n / window)
+    padded = torch.nn.functional.pad(change, (0, windows * window - n), value=float("-inf"))
+    best = padded.view(b, windows, window).argmax(-1)
+    return best + torch.arange(windows, device=change.device) * window
+
+
+class TokenCache(Method):
+    name = "tokencache"
+    reads = ("recompute", "refresh_every", "full_steps")
+    routes = ("diffusers", "ldm", "webui")
+    merges = True  # its spans gather tokens: a step cache's deciding block runs whole
+    every_span = True  # attention, cross-attention and MLP are cached alike (merge_* options do not apply)
+    supports_ring = False
+    per_generation = True
+
+    def is_identity(self, config: TokenMergeConfig) -> bool:
+        return config.recompute >= 1
+
+    def begin(self, config: TokenMergeConfig, generation: Generation) -> None:
+        """A call of the generation begins: is it a full step? (The step count advances past the calls whose blocks
+        ran: a step that a step cache skipped neither advances nor records anything.)"""
+        if generation.ran:
+            generation.steps += 1
+            generation.ran = False
+        after = generation.steps - config.full_steps
+        generation.full = after < 0 or after % config.refresh_every == 0 or not generation.outputs
+
+    def act(self, config: TokenMergeConfig, facts: BlockFacts) -> BlockAction:
+        generation: Generation = facts.generation
+        grid = facts.grid
+        if facts.tokens is None:  # describe(): what a cached step leaves out
+            return BlockAction(merged=grid.numel - math.ceil(grid.numel / window_of(config)))
+        if generation is None:  # a call outside a generation (a compiled whole model): computed as it is
+            return idle("no generation")
+        generation.ran = True
+        whole = SelectSpan(generation, facts.block, None, grid.numel)
+        if grid.shape not in generation.selections:  # the call's first block on this grid: choose its tokens
+            generation.selections[grid.shape] = self._choose(config, generation, grid, facts.tokens().detach())
+        selection = generation.selections[grid.shape]
+        if selection is None:
+            return BlockAction(plan=whole)
+        recorded = all((facts.block, s) in generation.outputs for s in range(facts.spans)) and all(
+            (facts.block, s) in generation.keys for s in facts.cached_sites
+        )
+        if not recorded:  # not recorded on the last full step (gated, left whole there): compute it whole, record it
+            return BlockAction(plan=whole)
+        return BlockAction(plan=SelectSpan(generation, facts.block, selection, grid.numel), merged=grid.numel - selection.shape[1])
+
+    @staticmethod
+    def _choose(config: TokenMergeConfig, generation: Generation, grid: TokenGrid, x: torch.Tensor) -> torch.Tensor | None:
+        """The image tokens this call recomputes on ``grid`` from its first block's input ``x`` (B, N, C), each
+        window's most changed since it was last computed; ``None``: every token (a full step, or a grid the last full
+        step did not see), the input recorded."""
+        last = generation.inputs.get(grid.shape)
+        if generation.full or last is None or last.shape != x.shape:
+            generation.inputs[grid.shape] = x.clone()
+            return None
+        change = (x - last).float().norm(dim=-1) / last.float().norm(dim=-1).clamp_min(1e-6)
+        selection = select(change, window_of(config))
+        at = selection[..., None].expand(-1, -1, x.shape[-1])
+        generation.inputs[grid.shape] = last.scatter(1, at, x.gather(1, at))
+        return selection
+
+    def held(self, generations: Generations) -> str:
+        used = [g for g in generations.slots if g.outputs]
+        if not used:
+            return "nothing held yet in this thread (kept per generation after its first call, freed by remove_patch)"
+        per_block = [n for g in used for block, n in g.block_bytes().items() if block is not None]
+        blocks = len({block for g in used for block in g.block_bytes() if block is not None})
+        total = sum(g.nbytes for g in used)
+        return (
+            f"{total / 2**20:.1f} MiB held in this thread ({len(used)} guidance slot(s), batch {used[0].key[0]}), "
+            f"{sum(per_block) / max(1, blocks) / 2**20:.2f} MiB per block on average; freed by remove_patch"
+        )
+
+    def on_shard(self, config: TokenMergeConfig, shard: Shard) -> str | None:
+        return "the token cache is not supported under context parallelism yet (each rank would cache its part of the grid)"
+
+    def describe(self, config: TokenMergeConfig, action: BlockAction | None, grid: TokenGrid | None, spans: tuple[str, ...]) -> str:
+        k = window_of(config)
+        what = (
+            f"cache {', '.join(spans)} per token: full steps (the first {config.full_steps}, then every {config.refresh_every}th), "
+            f"between them 1 token in {k} recomputed"
+        )
+        if grid is None or action is None:
+            return what
+        if action.reason:
+            return f"unchanged ({action.reason})"
+        return f"{what} ({grid.numel - action.merged} of {grid.numel}, {grid})"

@@ -1,0 +1,261 @@
+"""``method="tokencache"``: token-wise caching across the steps of a generation, on every family of the registry.
+
+Every family: full steps bit-identical to vanilla, the steps between them close to it with less work; a cached step
+that recomputes every token equals vanilla (the gathered tokens, their rotary rows and masks, and the keys and values
+of the others all line up); removal leaves nothing. Then the state: generations start afresh, classifier-free
+guidance's halves called apart keep their own caches, threads do not mix, images do not depend on their batch; the
+options; composition with a step cache; the UNet routes (diffusers and ldm).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import warnings
+import weakref
+
+import pytest
+import torch
+
+import tokenmerge
+from tokenmerge.methods import tokencache
+from tokenmerge.tools.architectures import at_noise, build_model, timestep_scale, transformer_inputs, transformer_output
+from tokenmerge.tools.caches import Clock
+from tokenmerge.tools.examples import examples
+from tokenmerge.tools.loops import flow_loop
+from tokenmerge.tools.work import count
+
+from conftest import build_ldm_unet, ldm_inputs, sample_of
+
+EXAMPLES = tuple(examples())
+LATENT = (18, 14)  # a 9x7 token grid: odd and not square
+OPTIONS = dict(method="tokencache", recompute=0.25, full_steps=1, refresh_every=3)
+FULL, CACHED = (0, 1, 4), (2, 3, 5)  # of a 6-call generation under OPTIONS
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs")
+_MODELS: dict[str, torch.nn.Module] = {}
+
+
+def model_of(name: str) -> torch.nn.Module:
+    if name not in _MODELS:
+        _MODELS[name] = build_model(name, small=True)
+    return _MODELS[name]
+
+
+def _latent_key(inputs: dict) -> str:
+    return next(k for k in ("hidden_states", "x", "sample") if k in inputs)
+
+
+def generation(name: str, batch: int = 2, seed: int = 0, calls: int = 6) -> list[dict]:
+    """A generation's calls: the noise level falling from 1 to 0.2, the latent drifting slowly."""
+    model = model_of(name)
+    base = transformer_inputs(model, name, *LATENT, batch=batch, seed=seed, text_tokens=5)
+    key = _latent_key(base)
+    found = []
+    for i, level in enumerate(torch.linspace(1.0, 0.2, calls).tolist()):
+        inputs = at_noise(base, timestep_scale(model), level)
+        latent = base[key]
+        inputs[key] = [t * (1 - 0.03 * i) for t in latent] if isinstance(latent, list) else latent * (1 - 0.03 * i)
+        found.append(inputs)
+    return found
+
+
+def run(name: str, calls: list[dict]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [transformer_output(name, model_of(name)(**inputs)) for inputs in calls]
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _hooks(model: torch.nn.Module) -> int:
+    return sum(len(getattr(m, d)) for m in model.modules() for d in HOOK_DICTS)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_family_caches_tokens_between_full_steps(name):
+    """Full steps (the first, then every third) bit-identical to vanilla; between them a quarter of the image tokens
+    recomputed: close to vanilla, with less linear-layer work; removal leaves no hook and frees the cache."""
+    model, calls = model_of(name), generation(name)
+    vanilla = run(name, calls)
+    hooks = _hooks(model)
+    work = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenmerge.apply_patch(model, **OPTIONS)
+        outputs = []
+        for i, inputs in enumerate(calls):
+            counted = count(lambda inputs=inputs: outputs.append(run(name, [inputs])[0]))
+            work[i] = counted.macs["linear"]
+    (patch,) = [s for _, s in tokenmerge.hooks.states_in([model])]
+    held = next(t for g in patch.generations().slots for t in g.outputs.values())
+    tokenmerge.remove_patch(model)
+    for i in FULL:
+        assert torch.equal(outputs[i], vanilla[i]), f"full step {i} differs from vanilla"
+    for i in CACHED:
+        assert not torch.equal(outputs[i], vanilla[i]), f"cached step {i} equals vanilla: nothing was cached"
+        assert relative(outputs[i], vanilla[i]) < 0.3
+        assert work[i] < 0.9 * work[0], f"cached step {i}: {work[i]} linear MACs against {work[0]} on a full step"
+    assert _hooks(model) == hooks
+    reference = weakref.ref(held)
+    del held, patch
+    gc.collect()
+    assert reference() is None, "the cache outlives remove_patch"
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_a_cached_step_that_recomputes_every_token_equals_vanilla(name, monkeypatch):
+    """With a window of one token every image token is gathered, run and scattered back, its attention handed the
+    keys and values of the span's cache: the output equals vanilla up to float rounding. (Any misplaced rotary row,
+    mask column or key would show.)"""
+    monkeypatch.setattr(tokencache, "window_of", lambda config: 1)
+    calls = generation(name, calls=4)
+    vanilla = run(name, calls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with tokenmerge.patched(model_of(name), **OPTIONS):
+            outputs = run(name, calls)
+    for i in (2, 3):
+        assert relative(outputs[i], vanilla[i]) < 1e-5, f"step {i}: {relative(outputs[i], vanilla[i])}"
+
+
+def test_recompute_one_is_the_identity():
+    calls = generation("flux", calls=5)
+    vanilla = run("flux", calls)
+    with tokenmerge.patched(model_of("flux"), method="tokencache", recompute=1, full_steps=0, refresh_every=9):
+        assert all(torch.equal(a, b) for a, b in zip(run("flux", calls), vanilla))
+        assert "0 of 3 blocks patched" in str(tokenmerge.describe(model_of("flux"), (8, 8)))
+
+
+def test_a_new_generation_starts_afresh():
+    """A second generation (the noise level back up) repeats the first's outputs exactly: nothing carries over; another
+    batch size starts afresh too."""
+    calls = generation("flux")
+    with tokenmerge.patched(model_of("flux"), **OPTIONS):
+        first, second = run("flux", calls), run("flux", calls)
+        single = run("flux", generation("flux", batch=1))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    alone = [run("flux", [c])[0] for c in generation("flux", batch=1)[:2]]
+    assert all(torch.equal(a, b) for a, b in zip(single[:2], alone))  # its full steps: vanilla's
+
+
+def test_guidance_halves_called_apart_keep_their_own_caches():
+    """Classifier-free guidance called as two calls per step (conditional, then unconditional): each half's outputs
+    are those of a generation of that half alone."""
+    cond, uncond = generation("flux", seed=0), generation("flux", seed=1)
+    with tokenmerge.patched(model_of("flux"), **OPTIONS):
+        alone = run("flux", cond)
+    with tokenmerge.patched(model_of("flux"), **OPTIONS):
+        both = run("flux", [c for pair in zip(cond, uncond) for c in pair])
+    assert all(torch.equal(a, b) for a, b in zip(both[0::2], alone))
+
+
+@pytest.mark.parametrize("name", ["flux", "wan", "qwen-image"])
+def test_each_image_is_independent_of_its_batch(name):
+    """Each sample chooses its own tokens from its own changes: image 0 of a batch of two different samples is image
+    0 made alone, up to float batching noise."""
+    pair, single = generation(name, batch=2), generation(name, batch=1)
+    alone = [{k: sample_of(v, one[k], 0) for k, v in both.items()} for both, one in zip(pair, single)]
+    with tokenmerge.patched(model_of(name), **OPTIONS):
+        batched = run(name, pair)
+    with tokenmerge.patched(model_of(name), **OPTIONS):
+        single = run(name, alone)
+    for i in CACHED:
+        assert relative(batched[i][:1], single[i]) < 1e-4
+
+
+def test_threads_keep_their_own_generations():
+    """Two threads running different generations at once give each its sequential result."""
+    model, calls = model_of("flux"), {0: generation("flux", seed=0), 1: generation("flux", seed=3)}
+    with tokenmerge.patched(model, **OPTIONS):
+        sequential = {k: run("flux", c) for k, c in calls.items()}
+        found: dict[int, list[torch.Tensor]] = {}
+        threads = [threading.Thread(target=lambda k=k: found.__setitem__(k, run("flux", calls[k]))) for k in calls]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for k in calls:
+        assert all(torch.equal(a, b) for a, b in zip(found[k], sequential[k]))
+
+
+@pytest.mark.parametrize(
+    "options,named",
+    [
+        (dict(recompute=0), "recompute"),
+        (dict(recompute=1.5), "recompute"),
+        (dict(recompute=float("nan")), "recompute"),
+        (dict(refresh_every=0), "refresh_every"),
+        (dict(refresh_every=2.5), "refresh_every"),
+        (dict(full_steps=-1), "full_steps"),
+    ],
+)
+def test_bad_options_are_refused_by_name(options, named):
+    with pytest.raises((ValueError, TypeError), match=named):
+        tokenmerge.TokenMergeConfig(method="tokencache", **options)
+
+
+def test_options_it_does_not_read_are_said(recwarn):
+    with tokenmerge.patched(model_of("flux"), method="tokencache", ratio=0.3):
+        pass
+    assert any("does not use ratio=0.3" in str(w.message) for w in recwarn)
+
+
+def test_describe_says_what_it_caches_and_how_much_it_holds():
+    model = model_of("flux")
+    with tokenmerge.patched(model, **OPTIONS):
+        before = str(tokenmerge.describe(model, (8, 8)))
+        run("flux", generation("flux", calls=2))
+        after = str(tokenmerge.describe(model, (8, 8)))
+    assert "1 token in 4 recomputed (16 of 64, 8x8)" in before and "nothing held yet" in before
+    assert "MiB held in this thread (1 guidance slot(s), batch 2)" in after
+
+
+def test_a_step_cache_skips_steps_without_advancing_or_poisoning_the_token_cache():
+    """FirstBlockCache decides by its first block, which the token cache leaves whole (said once); the steps it skips
+    record nothing and do not count toward the token cache's full steps. The whole loop stays near FirstBlockCache
+    alone."""
+    from diffusers import FirstBlockCacheConfig
+
+    model = build_model("flux", small=True)
+    inputs = transformer_inputs(model, "flux", 16, 16, batch=1, text_tokens=5)
+    cached_alone = flow_loop(model, "flux", inputs, Clock(8))
+    model.enable_cache(FirstBlockCacheConfig(threshold=0.2))
+    try:
+        fbcache = flow_loop(model, "flux", inputs, Clock(8))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with tokenmerge.patched(model, **OPTIONS):
+                both = flow_loop(model, "flux", inputs, Clock(8))
+    finally:
+        model.disable_cache()
+    notices = [str(w.message) for w in caught if "decides by the output of" in str(w.message)]
+    assert len(notices) == 1 and "tokencache leaves them whole" in notices[0]
+    assert relative(both, fbcache) < 0.05 and relative(fbcache, cached_alone) < 0.05
+
+
+def test_a_diffusers_unet_and_an_ldm_unet_cache_their_transformer_blocks():
+    unet = build_model("sd15", small=True)
+    from tokenmerge.tools.architectures import unet_inputs
+
+    base = unet_inputs(unet, 64, 64, batch=2)
+    calls = [
+        {**base, "timestep": torch.tensor(t), "sample": base["sample"] * (1 - 0.03 * i)}
+        for i, t in enumerate((999, 800, 600, 400, 200, 100))
+    ]
+    with torch.no_grad():
+        vanilla = [unet(**c).sample for c in calls]
+        with tokenmerge.patched(unet, **OPTIONS):
+            outputs = [unet(**c).sample for c in calls]
+    assert all(torch.equal(outputs[i], vanilla[i]) for i in FULL)
+    assert all(0 < relative(outputs[i], vanilla[i]) < 0.2 for i in CACHED)
+
+    ldm = build_ldm_unet()
+    x, _, context = ldm_inputs(8, 8)
+    steps = [(x * (1 - 0.03 * i), torch.full((2,), t), context) for i, t in enumerate((999.0, 800.0, 600.0, 400.0, 200.0, 100.0))]
+    with torch.no_grad():
+        vanilla = [ldm(*s) for s in steps]
+        with tokenmerge.patched(ldm, **OPTIONS):
+            outputs = [ldm(*s) for s in steps]
+    assert all(torch.equal(outputs[i], vanilla[i]) for i in FULL)
+    assert all(0 < relative(outputs[i], vanilla[i]) < 0.2 for i in CACHED)
