@@ -11,7 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import tokenmerge
-from tokenmerge.tools.architectures import build_unet, unet_inputs
+from tokenmerge.tools.architectures import build_model, build_unet, unet_inputs
 
 torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -198,3 +198,18 @@ def sample_of(value, single, i: int):
         return value
     dims = [d for d, (a, b) in enumerate(zip(value.shape, single.shape)) if a != b]
     return value.narrow(dims[0], i, 1) if dims else value
+
+
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs")
+_MODELS: dict[str, torch.nn.Module] = {}
+
+
+def model_of(name: str) -> torch.nn.Module:
+    """The small random-weight model of an example, built once per test process."""
+    if name not in _MODELS:
+        _MODELS[name] = build_model(name, small=True)
+    return _MODELS[name]
+
+
+def hook_count(model: torch.nn.Module) -> int:
+    return sum(len(getattr(m, d)) for m in model.modules() for d in HOOK_DICTS)

@@ -21,7 +21,7 @@ from tokenmerge.algorithms import TokenGrid, nearest_indices
 from tokenmerge.tools.architectures import at_noise, build_model, timestep_scale, transformer_inputs, transformer_output
 from tokenmerge.tools.examples import examples
 
-from conftest import AttentionCalls, sample_of
+from conftest import AttentionCalls, hook_count, model_of, sample_of
 
 EXAMPLES = tuple(examples())
 METHODS = {
@@ -31,14 +31,6 @@ METHODS = {
 }
 TEXT = 5
 LATENT = (18, 14)  # a 9x7 token grid: odd and not square
-HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs")
-_MODELS: dict[str, torch.nn.Module] = {}
-
-
-def model_of(name: str) -> torch.nn.Module:
-    if name not in _MODELS:
-        _MODELS[name] = build_model(name, small=True)
-    return _MODELS[name]
 
 
 def inputs_of(name: str, batch: int = 2, seed: int = 0, latent: tuple[int, int] = LATENT, references: bool = False) -> dict:
@@ -76,15 +68,11 @@ def call_layout(name: str, inputs: dict):
     return state.layout.containers[0].layout((), inputs)
 
 
-def _hooks(model: torch.nn.Module) -> int:
-    return sum(len(getattr(m, d)) for m in model.modules() for d in HOOK_DICTS)
-
-
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_identity_options_are_bit_identical_and_removal_leaves_nothing(name):
     model, inputs = model_of(name), inputs_of(name)
     vanilla = run(name, inputs)
-    hooks, attributes = _hooks(model), {id(m): set(vars(m)) for m in model.modules()}
+    hooks, attributes = hook_count(model), {id(m): set(vars(m)) for m in model.modules()}
     processors = {id(m): type(getattr(m, "processor", None)) for m in model.modules()}
     for options in (dict(ratio=0.0), dict(method="todo", kv_factor=1)):
         with tokenmerge.patched(model, **options):
@@ -93,7 +81,7 @@ def test_identity_options_are_bit_identical_and_removal_leaves_nothing(name):
         with tokenmerge.patched(model, **options):
             assert not torch.equal(run(name, inputs), vanilla), f"{options} changes nothing"
     assert torch.equal(run(name, inputs), vanilla)
-    assert _hooks(model) == hooks and {id(m): set(vars(m)) for m in model.modules()} == attributes
+    assert hook_count(model) == hooks and {id(m): set(vars(m)) for m in model.modules()} == attributes
     assert {id(m): type(getattr(m, "processor", None)) for m in model.modules()} == processors
 
 

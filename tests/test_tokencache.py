@@ -25,20 +25,12 @@ from tokenmerge.tools.examples import examples
 from tokenmerge.tools.loops import flow_loop
 from tokenmerge.tools.work import count
 
-from conftest import build_ldm_unet, ldm_inputs, sample_of
+from conftest import build_ldm_unet, hook_count, ldm_inputs, model_of, sample_of
 
 EXAMPLES = tuple(examples())
 LATENT = (18, 14)  # a 9x7 token grid: odd and not square
 OPTIONS = dict(method="tokencache", recompute=0.25, full_steps=1, refresh_every=3)
 FULL, CACHED = (0, 1, 4), (2, 3, 5)  # of a 6-call generation under OPTIONS
-HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs")
-_MODELS: dict[str, torch.nn.Module] = {}
-
-
-def model_of(name: str) -> torch.nn.Module:
-    if name not in _MODELS:
-        _MODELS[name] = build_model(name, small=True)
-    return _MODELS[name]
 
 
 def _latent_key(inputs: dict) -> str:
@@ -68,17 +60,13 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def _hooks(model: torch.nn.Module) -> int:
-    return sum(len(getattr(m, d)) for m in model.modules() for d in HOOK_DICTS)
-
-
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_every_family_caches_tokens_between_full_steps(name):
     """Full steps (the first, then every third) bit-identical to vanilla; between them a quarter of the image tokens
     recomputed: close to vanilla, with less linear-layer work; removal leaves no hook and frees the cache."""
     model, calls = model_of(name), generation(name)
     vanilla = run(name, calls)
-    hooks = _hooks(model)
+    hooks = hook_count(model)
     work = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -96,7 +84,7 @@ def test_every_family_caches_tokens_between_full_steps(name):
         assert not torch.equal(outputs[i], vanilla[i]), f"cached step {i} equals vanilla: nothing was cached"
         assert relative(outputs[i], vanilla[i]) < 0.3
         assert work[i] < 0.9 * work[0], f"cached step {i}: {work[i]} linear MACs against {work[0]} on a full step"
-    assert _hooks(model) == hooks
+    assert hook_count(model) == hooks
     reference = weakref.ref(held)
     del held, patch
     gc.collect()
