@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tokenmerge.families import get as get_family
 from tokenmerge.tools.examples import comfy_examples
 
 ROOT = Path(__file__).parents[1]
@@ -80,6 +81,11 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
         counter.calls.clear()
         comfy_dits.sample(chained, name)
         seen_chained = list(counter.calls)
+        later = node.patch(model, method="todo", kv_factor=2)[0]
+        later_counter = comfy_dits.KeyCounter()  # another node's override set after tokenmerge's (ModelAttentionBackend)
+        later.model_options["transformer_options"]["optimized_attention_override"] = later_counter
+        comfy_dits.sample(later, name)
+        seen_later = list(later_counter.calls)
         counter.calls.clear()
         comfy_dits.sample(node.patch(other, method="todo", kv_factor=2, max_noise=0.95)[0], name)
         seen_scheduled = list(counter.calls)  # step 1 at pure noise, step 2 at about half
@@ -107,6 +113,7 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
             "calls_plain": seen_plain,
             "calls_todo": seen_todo,
             "calls_chained": seen_chained,
+            "calls_later": seen_later,
             "calls_scheduled": seen_scheduled,
             "calls_auto_noisy": seen_auto_noisy,
             "calls_auto_low": seen_auto_low,
@@ -116,6 +123,8 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
             "comfy_model": found.title,
             "image_tokens": grid,
         }
+        if found.blocks is not None:
+            report["models"][name]["tome"] = _tome_blocks(comfy_dits, node, name, model, found, vanilla)
     report["threads_equal"] = _threads(comfy_dits, node)
     unet = build_comfy_patcher("sd15-small")
     x = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
@@ -127,6 +136,73 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
         "todo_rel_l2": comfy_dits.relative_l2(comfy_run(node.patch(unet, method="todo", kv_factor=2)[0], x, context=context), base),
     }
     return report
+
+
+class _BlockRecorder:
+    """Another node's block replace patch: records the image stream's length each block runs on."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __call__(self, args: dict, extra: dict) -> dict:
+        self.seen.append(args["img"].shape[1])
+        return extra["original_block"](args)
+
+    def __deepcopy__(self, memo: dict):
+        return self
+
+
+def _permutation_plan(x):
+    """A MergePlan that merges nothing and reorders every sample's tokens its own way: a block run on it, with its
+    rotary rows following, gives the unpatched block's output (attention is permutation-equivariant)."""
+    import torch
+
+    from tokenmerge.algorithms import MergePlan
+
+    b, n = x.shape[0], x.shape[1]
+    g = torch.Generator().manual_seed(n)
+    keep = torch.stack([torch.randperm(n, generator=g) for _ in range(b)])
+    none = torch.zeros(b, 0, dtype=torch.long)
+    return MergePlan(keep, none, none, torch.ones(b, n, 1), torch.argsort(keep, dim=1))
+
+
+def _tome_blocks(comfy_dits, node, name: str, model, found, vanilla) -> dict:
+    """ToMe through the block replace patches, chained over another node's block patches."""
+    import torch
+
+    from tokenmerge.integrations import comfyui_blocks
+    from tokenmerge.methods import BlockAction
+
+    recorder = _BlockRecorder()
+    other = model.clone()
+    for kind, attribute in found.blocks.lists:
+        for i in range(len(getattr(model.model.diffusion_model, attribute))):
+            other.set_model_patch_replace(recorder, "dit", kind, i)
+    plain = comfy_dits.sample(other, name)
+    seen_plain = list(recorder.seen)
+    identity = comfy_dits.sample(node.patch(other, method="tome", ratio=0.0)[0], name)
+    patched = node.patch(other, method="tome", ratio=0.5)[0]
+    recorder.seen.clear()
+    first = comfy_dits.sample(patched, name)
+    seen_tome = list(recorder.seen)
+    again = comfy_dits.sample(patched, name)
+    replaced = comfy_dits.sample(node.patch(patched, method="todo", kv_factor=1)[0], name)  # a second node replaces it
+    decide = comfyui_blocks.decide
+    comfyui_blocks.decide = lambda config, facts: BlockAction(plan=_permutation_plan(facts.tokens()))
+    try:
+        permuted = comfy_dits.sample(node.patch(other, method="tome", ratio=0.5)[0], name)
+    finally:
+        comfyui_blocks.decide = decide
+    return {
+        "plain_equal": bool(torch.equal(plain, vanilla)),
+        "identity_equal": bool(torch.equal(identity, vanilla)),
+        "replaced_equal": bool(torch.equal(replaced, vanilla)),
+        "rel_l2": comfy_dits.relative_l2(first, vanilla),
+        "deterministic": bool(torch.equal(first, again)),
+        "permuted_rel_l2": comfy_dits.relative_l2(permuted, vanilla),
+        "seen_plain": seen_plain,
+        "seen_tome": seen_tome,
+    }
 
 
 def _seeded_whatever_memory_holds(comfy_dits, name: str, model) -> bool:
@@ -272,6 +348,14 @@ def test_image_keys_are_reduced_as_configured_through_the_chained_override(comfy
 
 
 @each_model
+def test_an_override_set_after_tokenmerges_is_chained_not_left_to_drop_it(comfyui, name):
+    """ComfyUI keeps one ``optimized_attention_override`` (last writer wins): the core ModelAttentionBackend node or
+    SageAttention after tokenmerge's node would drop the reduction silently; each call chains it instead."""
+    found = comfyui["models"][name]
+    assert found["calls_later"] == found["calls_todo"] != found["calls_plain"]
+
+
+@each_model
 def test_max_noise_leaves_the_noisy_step_whole_through_comfyuis_model_sampling(comfyui, name):
     found = comfyui["models"][name]
     plain, todo, scheduled = found["calls_plain"], found["calls_todo"], found["calls_scheduled"]
@@ -288,6 +372,23 @@ def test_autos_default_reduces_the_low_noise_step_the_bench_times(comfyui, name)
     assert abs(found["bench_noise"] - 0.25) < 1e-3
     assert noisy == plain and low != plain
     assert [q for q, _ in low] == [q for q, _ in plain] and all(k <= k0 for (_, k), (_, k0) in zip(low, plain))
+
+
+BLOCK_CASES = [(v, n) for v, n in CASES if get_family(n).comfy.blocks is not None]
+
+
+@pytest.mark.parametrize("comfyui,name", BLOCK_CASES, indirect=["comfyui"])
+def test_tome_merges_around_comfyuis_blocks_with_the_rotary_rows_following(comfyui, name):
+    """``method="tome"`` through the block replace patches, over another node's (which then runs on the merged
+    stream): identity bit-identical, every block's image tokens halved (text and references kept), deterministic, a
+    second node replacing it; a plan that only reorders each sample's tokens gives the unpatched output, so each
+    token's rotary row and residual follow it."""
+    found = comfyui["models"][name]["tome"]
+    image = comfyui["models"][name]["image_tokens"]
+    assert found["plain_equal"] and found["identity_equal"] and found["replaced_equal"] and found["deterministic"]
+    assert found["rel_l2"] > 1e-4 and found["permuted_rel_l2"] < 1e-5
+    plain, tome = found["seen_plain"], found["seen_tome"]
+    assert len(plain) == len(tome) and all(t == p - image // 2 for p, t in zip(plain, tome)), (plain, tome)
 
 
 @each_version

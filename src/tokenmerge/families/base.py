@@ -172,6 +172,20 @@ IMAGE_PLACES = ("after_text", "first", "last")
 
 
 @dataclass(frozen=True)
+class ComfyBlocks:
+    """Where ComfyUI's block replace patches (``transformer_options["patches_replace"]["dit"][(kind, i)]``, called
+    with the block's arguments and an ``original_block``) reach a family's blocks, for ``method="tome"`` on ComfyUI
+    (:mod:`tokenmerge.integrations.comfyui_blocks`): each kind with the diffusion model's attribute listing its blocks;
+    the kinds whose ``"img"`` argument is the joint [text; image] sequence (Flux's single-stream blocks); the token
+    axes the ``"pe"`` rotary table may have (the first as long as the stream is taken: ComfyUI versions differ), its
+    rows [whatever precedes the stream; the stream] (empty: no table)."""
+
+    lists: tuple[tuple[str, str], ...]  # (kind, diffusion_model attribute), e.g. ("double_block", "double_blocks")
+    joint: tuple[str, ...] = ()
+    pe_dims: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class ComfyModel:
     """How ComfyUI's own implementation of a family lays out its attention calls (the ComfyUI node's DiT path,
     :mod:`tokenmerge.integrations.comfyui_dit`): its diffusion-model classes (and, where one class serves several
@@ -188,6 +202,7 @@ class ComfyModel:
     declines: tuple[str, ...] = ()  # apply_model keywords that add tokens to the grid's rows or in front of it
     notes: str = ""  # what the override sees (docs/comfyui.md)
     image_models: tuple[str, ...] = ()  # the unet_config "image_model" values it claims (empty: any)
+    blocks: ComfyBlocks | None = None  # where ToMe merges around its blocks (None: not offered, auto instead)
 
     def __post_init__(self) -> None:
         if self.image not in IMAGE_PLACES:

@@ -24,6 +24,7 @@ import torch
 
 from . import Family
 from .base import ComfyModel, Container, DenoiserLayout, Follow, IdsLayout, joint_block, single_stream_block
+from .flux import COMFY_BLOCKS
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="joint")
 MASK = (Follow("attention_mask", dim=-1, stream="joint"), Follow("attention_mask", dim=-2, stream="joint"))
@@ -52,5 +53,6 @@ FAMILY = Family(
         ("Chroma",),
         "Chroma",
         notes="comfy/ldm/chroma: as Flux.1 (q, k, v (B, H, S, D) after the rotary embedding, [text; image])",
+        blocks=COMFY_BLOCKS,
     ),
 )

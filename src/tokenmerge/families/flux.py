@@ -14,9 +14,12 @@ from __future__ import annotations
 import torch
 
 from . import Family
-from .base import ComfyModel, Container, DenoiserLayout, Follow, IdsLayout, joint_block, single_stream_block
+from .base import ComfyBlocks, ComfyModel, Container, DenoiserLayout, Follow, IdsLayout, joint_block, single_stream_block
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="joint")
+# ComfyUI's comfy/ldm/flux (Flux.1, Flux.2) and comfy/ldm/chroma: double blocks on [image; references] with the text
+# beside them, single blocks on [text; image; references]; pe (B, 1, S, D/2, 2, 2), rows [text; image; references]
+COMFY_BLOCKS = ComfyBlocks((("double_block", "double_blocks"), ("single_block", "single_blocks")), joint=("single_block",), pe_dims=(2,))
 
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:
@@ -39,6 +42,7 @@ FAMILY = Family(
         ("Flux",),
         "Flux.1",
         image_models=("flux",),
+        blocks=COMFY_BLOCKS,
         notes="comfy/ldm/flux: q, k, v (B, H, S, D) after the rotary embedding, [text; image; Kontext references] in the "
         "double- and single-stream blocks",
     ),

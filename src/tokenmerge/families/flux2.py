@@ -18,6 +18,7 @@ from ..algorithms import TokenLayout
 from ..notices import warn_at_caller
 from . import Family
 from .base import DECLINED, Argument, ComfyModel, Container, DenoiserLayout, Follow, IdsLayout, fused_parallel_block, joint_block
+from .flux import COMFY_BLOCKS
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="joint")
 
@@ -59,6 +60,7 @@ FAMILY = Family(
         "Flux.2",
         patch=(1, 1),
         image_models=("flux2",),
+        blocks=COMFY_BLOCKS,
         notes="comfy/ldm/flux (ComfyUI >= 0.4, image_model flux2): 1x1 patches of a 128-channel latent; q, k, v (B, H, S, D) "
         "after the rotary embedding, [text; image; reference latents]",
     ),

@@ -37,7 +37,7 @@ import torch
 from ..algorithms import TokenGrid, TokenLayout
 from ..notices import warn_at_caller
 from . import Family
-from .base import DECLINED, Argument, ComfyModel, Container, DenoiserLayout, Follow, config_int, joint_block, text_length
+from .base import DECLINED, Argument, ComfyBlocks, ComfyModel, Container, DenoiserLayout, Follow, config_int, joint_block, text_length
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="image", element=0)
 
@@ -145,5 +145,8 @@ FAMILY = Family(
         patch=(1, 2, 2),
         notes="comfy/ldm/qwen_image: q, k, v (B, S, H*D) after the rotary embedding, [text; image; edit references]; "
         "a (B, C, 1, H, W) latent",
+        # "img": [image; edit references], pe rows [text; image; references]: (B, 1, S, D/2, 2, 2) in ComfyUI 0.33,
+        # (B, S, 1, D/2, 2, 2) in 0.3.64
+        blocks=ComfyBlocks((("double_block", "transformer_blocks"),), pe_dims=(2, 1)),
     ),
 )

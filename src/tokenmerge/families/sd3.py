@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import Family
-from .base import Argument, ComfyModel, Container, DenoiserLayout, ImageGrid, config_int, joint_block
+from .base import Argument, ComfyBlocks, ComfyModel, Container, DenoiserLayout, ImageGrid, config_int, joint_block
 
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:
@@ -34,5 +34,6 @@ FAMILY = Family(
         "SD3 / SD3.5",
         notes="comfy/ldm/modules/diffusionmodules/mmdit.py _block_mixing: q, k, v (B, S, H*D), [text (and register tokens); "
         "image]; SD3.5's extra image self-attention: image only; positions added to the tokens before the blocks",
+        blocks=ComfyBlocks((("double_block", "joint_blocks"),)),  # "img": the image tokens alone, no rotary table
     ),
 )

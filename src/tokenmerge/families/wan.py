@@ -29,6 +29,7 @@ import torch
 from . import Family
 from .base import (
     Argument,
+    ComfyBlocks,
     ComfyModel,
     Container,
     DenoiserLayout,
@@ -84,5 +85,7 @@ FAMILY = Family(
         image="last",
         notes="comfy/ldm/wan: self-attention q, k, v (B, S, H*D) after the rotary embedding over the video tokens "
         "(a reference latent, if any, first); cross-attention to text and I2V's CLIP image tokens left alone",
+        # "img": the video tokens, pe (B, S, 1, D/2, 2, 2) rows the stream's own
+        blocks=ComfyBlocks((("double_block", "blocks"),), pe_dims=(1,)),
     ),
 )

@@ -42,7 +42,7 @@ _LEVELS = (1, 2, 4, 8, 16, 32, 64)
 _STAGES = {"input": 1, "middle": 2, "output": 3}
 MAX_DOWNSAMPLE_CHOICES = ("auto", "1", "2", "4", "8")
 
-COMFY_METHODS = methods_on("comfyui-unet", "comfyui-dit")  # what the node offers
+COMFY_METHODS = methods_on("comfyui-unet", "comfyui-dit", "comfyui-blocks")  # what the node offers
 
 
 @functools.cache

@@ -42,12 +42,15 @@ WRAPPER_KEY = "tokenmerge"
 
 @dataclass(frozen=True)
 class DitCall:
-    """What one call of the diffusion model gives the override: the image grid, the text length, and the block
-    action decided once for the call (every attention call of it shares the grid)."""
+    """What one call of the diffusion model gives its patches: the image grid, the text length, the noise level and
+    timestep, and, for a key/value method, the block action decided once for the call (every attention call of it
+    shares the grid; ToMe decides per block, on the block's tokens)."""
 
     grid: TokenGrid
     text: int
-    action: BlockAction
+    action: BlockAction | None
+    noise: float | None = None
+    timestep: Any = None
 
 
 def grid_of(latent_shape: tuple[int, ...], patch: tuple[int, ...]) -> TokenGrid:
@@ -57,24 +60,22 @@ def grid_of(latent_shape: tuple[int, ...], patch: tuple[int, ...]) -> TokenGrid:
     return TokenGrid(tuple([-(-s // p) for s, p in zip(sides, patch[-len(sides) :])]))
 
 
-class DitKeyValues(SharedPatch):
-    """The override and the wrapper of one patched DiT MODEL (shared by its clones; per-thread call state)."""
+class DitPatch(SharedPatch):
+    """What the patches of one DiT MODEL share (its clones too): the options, the model's ComfyUI data, and the
+    ``APPLY_MODEL`` wrapper that reads each call's grid and text length for the patches running inside it (per
+    thread: the override and block patches see only their own arguments)."""
 
-    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None) -> None:
-        if not config.method_of.reduces_keys or "comfyui-dit" not in config.method_of.routes:
-            raise ValueError(f"DitKeyValues reduces keys and values (a key/value method), got method={config.method!r}")
-        self.config, self.model, self.patch, self.previous = config, model, patch, previous
+    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...]) -> None:
+        self.config, self.model, self.patch = config, model, patch
         self._local = threading.local()
-        self._warned = False
-
-    # --- the APPLY_MODEL wrapper: one call of the model ---
+        self._said: set[str] = set()
 
     def apply_model(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None, *args: Any, **kwargs: Any):
         text = c_crossattn.shape[1] if isinstance(c_crossattn, torch.Tensor) and c_crossattn.ndim == 3 else 0
         stack = self._local.__dict__.setdefault("calls", [])
-        declined = [name for name in self.model.declines if kwargs.get(name) is not None]
+        declined = self.declined(kwargs)
         if declined:
-            self._warn(f"a call with {', '.join(declined)} has more tokens than its latent's grid")
+            self._warn("declined", declined)
         call = None
         if not declined:
             grid = grid_of(tuple(x.shape), self.patch)
@@ -82,23 +83,69 @@ class DitKeyValues(SharedPatch):
             if self.config.noise_limit < 1:
                 # the model's sampling as this sampler runs it (a shift node's object patch applied)
                 noise = self.step_noise(getattr(getattr(executor, "class_obj", None), "model_sampling", None), t)
-            call = DitCall(grid, text, decide(self.config, BlockFacts(level=1, top_level=1, grid=grid, noise=noise)))
+            action = decide(self.config, BlockFacts(level=1, top_level=1, grid=grid, noise=noise)) if self.per_call else None
+            call = DitCall(grid, text, action, noise, t if isinstance(t, torch.Tensor) else None)
         stack.append(call)
         try:
             return executor(x, t, c_concat, c_crossattn, *args, **kwargs)
         finally:
             stack.pop()
 
+    per_call = True  # one action per call (key/value methods); False: the patch decides per block
+
+    def declined(self, kwargs: dict[str, Any]) -> str | None:
+        """Why a call with these ``apply_model`` keywords runs unchanged (None: it does not)."""
+        names = [name for name in self.model.declines if kwargs.get(name) is not None]
+        return f"a call with {', '.join(names)} has more tokens than its latent's grid" if names else None
+
+    def current(self) -> DitCall | None:
+        """The innermost call of the model running in this thread, or None."""
+        calls = getattr(self._local, "calls", None)
+        return calls[-1] if calls else None
+
+    def _warn(self, cause: str, message: str, outcome: str = "such calls run unchanged") -> None:
+        if cause not in self._said:
+            self._said.add(cause)
+            warn_at_caller(f"tokenmerge: {self.model.title}: {message}; {outcome}")
+
+
+class DitKeyValues(DitPatch):
+    """The override and the wrapper of one patched DiT MODEL (shared by its clones; per-thread call state)."""
+
+    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None) -> None:
+        if not config.method_of.reduces_keys or "comfyui-dit" not in config.method_of.routes:
+            raise ValueError(f"DitKeyValues reduces keys and values (a key/value method), got method={config.method!r}")
+        super().__init__(config, model, patch)
+        self.previous = previous
+
+    def apply_model(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None, *args: Any, **kwargs: Any):
+        # args: (control, transformer_options), as ComfyUI's BaseModel.apply_model passes them
+        options = args[1] if len(args) > 1 else kwargs.get("transformer_options")
+        if isinstance(options, dict) and options.get(OVERRIDE) is not self:
+            # a node after this one set its own override (core ModelAttentionBackend, SageAttention): the key is one
+            # value, last writer wins; this call chains it instead of being dropped silently
+            options = {**options, OVERRIDE: _Chained(self, options.get(OVERRIDE))}
+            if len(args) > 1:
+                args = (args[0], options, *args[2:])
+            else:
+                kwargs["transformer_options"] = options
+        return super().apply_model(executor, x, t, c_concat, c_crossattn, *args, **kwargs)
+
     # --- the attention override ---
 
     def __call__(self, func: Any, *args: Any, **kwargs: Any) -> Any:
-        calls = getattr(self._local, "calls", None)
-        if calls and calls[-1] is not None and len(args) >= 3 and not self.config.is_identity:
-            reduced = self._reduce(calls[-1], args, kwargs)
+        return self.attend(self.previous, func, *args, **kwargs)
+
+    def attend(self, previous: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        """One attention call: keys and values reduced where the call allows, then ``previous`` (an override this one
+        chains) or the attention function."""
+        call = self.current()
+        if call is not None and len(args) >= 3 and not self.config.is_identity:
+            reduced = self._reduce(call, args, kwargs)
             if reduced is not None:
                 args, kwargs = reduced
-        if self.previous is not None:
-            return self.previous(func, *args, **kwargs)
+        if previous is not None:
+            return previous(func, *args, **kwargs)
         return func(*args, **kwargs)
 
     def _reduce(self, call: DitCall, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
@@ -110,7 +157,7 @@ class DitKeyValues(SharedPatch):
             return None
         start = self.model.image_start(s_k, n, call.text)
         if start is None:
-            self._warn(f"its attention has {s_k} tokens, where a {call.grid} grid and {call.text} text tokens do not fit")
+            self._warn("layout", f"its attention has {s_k} tokens, where a {call.grid} grid and {call.text} text tokens do not fit")
             return None
         if call.action.kv_grid is None:
             return None
@@ -123,7 +170,7 @@ class DitKeyValues(SharedPatch):
         heads = args[3] if len(args) > 3 else kwargs.get("heads")
         found = reduce_keys_values(k, v, mask, start, call.grid, call.action.kv_factors, mode, dim=seq, heads=heads)
         if found is None:
-            self._warn(f"an attention mask is set and kv_interpolation={mode!r} is not nearest: keys kept whole")
+            self._warn("mask", f"an attention mask is set and kv_interpolation={mode!r} is not nearest: keys kept whole")
             return None
         k, v, reduced_mask = found
         if reduced_mask is not mask:
@@ -133,36 +180,57 @@ class DitKeyValues(SharedPatch):
                 kwargs = {**kwargs, "mask": reduced_mask}
         return (q, k, v, *rest), kwargs
 
-    def _warn(self, message: str) -> None:
-        if not self._warned:
-            self._warned = True
-            warn_at_caller(f"tokenmerge: {self.model.title}: {message}; such calls run unchanged")
+
+class _Chained:
+    """The override of one call where another node set its override after tokenmerge's: tokenmerge's, chaining it."""
+
+    def __init__(self, patch: DitKeyValues, later: Any) -> None:
+        self.patch, self.later = patch, later
+
+    def __call__(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.patch.attend(self.later, func, *args, **kwargs)
 
 
 def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
-    """A clone of ``model_patcher`` with key/value reduction on its diffusion transformer, or None when the
-    model is not a diffusion transformer tokenmerge knows in ComfyUI."""
+    """A clone of ``model_patcher`` with ``config``'s method on its diffusion transformer: ToMe around its blocks
+    (:mod:`.comfyui_blocks`) where the family offers them, keys and values through the attention override otherwise;
+    None when the model is not a diffusion transformer tokenmerge knows in ComfyUI."""
+    from .comfyui_blocks import DitBlocks, add_block_patches, drop_block_patches
+
     diffusion_model = model_patcher.model.diffusion_model
     unet_config = getattr(getattr(model_patcher.model, "model_config", None), "unet_config", None) or {}
     model = comfy_model_of(diffusion_model, unet_config.get("image_model"))
     if model is None:
         return None
-    if "comfyui-dit" not in config.method_of.routes:
+    routes = config.method_of.routes
+    blocks = "comfyui-blocks" in routes and model.blocks is not None
+    if not blocks and "comfyui-dit" not in routes:
         warnings.warn(
-            f"tokenmerge: method={config.method!r} is not available on ComfyUI's {model.title}: the attention override sees one attention "
-            "call, not its block, so merged tokens could not skip the MLP (where ToMe's saving on transformers is); using "
-            "method='auto' (keys and values of a downsampled grid)",
+            f"tokenmerge: method={config.method!r} is not available on ComfyUI's {model.title}: its blocks offer no replace patch "
+            "tokenmerge reads, and the attention override sees one attention call, not its block, so merged tokens could not "
+            "skip the MLP (where ToMe's saving on transformers is); using method='auto' (keys and values of a downsampled grid)",
             stacklevel=3,
         )
         config = dataclasses.replace(config, method="auto")
     patched = model_patcher.clone()
     options = patched.model_options.setdefault("transformer_options", {})
     previous = options.get(OVERRIDE)
-    if isinstance(previous, DitKeyValues):  # the node applied twice in a chain: the second replaces the first
-        warnings.warn("tokenmerge: this MODEL already carries a tokenmerge patch; it is replaced by this node's options", stacklevel=3)
+    earlier = isinstance(previous, DitKeyValues)
+    if earlier:
         previous = previous.previous
+        if previous is None:
+            del options[OVERRIDE]
+        else:
+            options[OVERRIDE] = previous
+    if drop_block_patches(patched) or earlier:  # the node applied twice in a chain: the second replaces the first
+        warnings.warn("tokenmerge: this MODEL already carries a tokenmerge patch; it is replaced by this node's options", stacklevel=3)
         patched.remove_wrappers_with_key("apply_model", WRAPPER_KEY)
-    patch = DitKeyValues(config, model, model.patch_of(diffusion_model), previous)
-    options[OVERRIDE] = patch
-    patched.add_wrapper_with_key("apply_model", WRAPPER_KEY, patch.apply_model)
+    patch = model.patch_of(diffusion_model)
+    if blocks:
+        wrapper: DitPatch = DitBlocks(config, model, patch)
+        add_block_patches(patched, wrapper, diffusion_model)
+    else:
+        wrapper = DitKeyValues(config, model, patch, previous)
+        options[OVERRIDE] = wrapper
+    patched.add_wrapper_with_key("apply_model", WRAPPER_KEY, wrapper.apply_model)
     return patched

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 # Where a method can run: the diffusers / ldm / sgm hooks, ComfyUI's UNet attention patches, ComfyUI's DiT attention
 # override (one attention call at a time: key/value methods only), the webui and Forge (through the ldm hooks and
 # ComfyUI-style patches).
-ROUTES = ("diffusers", "ldm", "comfyui-unet", "comfyui-dit", "webui", "forge")
+# comfyui-dit: ComfyUI's attention override (keys and values); comfyui-blocks: its DiTs' block replace patches (merges)
+ROUTES = ("diffusers", "ldm", "comfyui-unet", "comfyui-dit", "comfyui-blocks", "webui", "forge")
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class Method:
 
     name: ClassVar[str]
     reads: ClassVar[tuple[str, ...]]  # the options it reads (the others: "does not use", said at apply_patch)
-    routes: ClassVar[tuple[str, ...]] = ROUTES
+    routes: ClassVar[tuple[str, ...]] = tuple(r for r in ROUTES if r != "comfyui-blocks")  # key/value methods: the override
     default_max_noise: ClassVar[float] = 1.0  # max_noise=None: reduce the steps at noise <= this (1 = every step)
     every_level: ClassVar[bool] = False  # with max_downsample=None, every level (its rule leaves small grids alone)
     reduces_keys: ClassVar[bool] = False  # acts on attention keys and values (a processor's own kernel escapes it)

@@ -76,7 +76,7 @@ class ToMe(Method):
         "reuse_steps",
         "match_dtype",
     )
-    routes = tuple(r for r in ROUTES if r != "comfyui-dit")  # ComfyUI's attention override sees no block to merge around
+    routes = tuple(r for r in ROUTES if r != "comfyui-dit")  # ComfyUI's attention override sees no block; its block patches do
     merges = True
     supports_ring = False  # a ring rank attends to keys it does not hold, whose merge sizes it cannot know
 
