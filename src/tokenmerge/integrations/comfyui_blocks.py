@@ -51,18 +51,22 @@ class DitBlocks(DitPatch):
             return f"a call with ref_latents_method={TIMESTEP_ZERO!r} modulates its image and references by token index, which a merge would shift"
         return found
 
-    def run(self, kind: str, index: int, args: dict[str, Any], extra: dict[str, Any], previous: Any) -> dict[str, Any]:
-        """One block: merged where the call and its arguments allow, else as it would run unpatched."""
+    def run(self, kind: str, key: int, args: dict[str, Any], extra: dict[str, Any], previous: Any) -> dict[str, Any]:
+        """One block (``key``: its random-partition key): merged where the call and its arguments allow, else as it
+        would run unpatched."""
         run = extra["original_block"] if previous is None else (lambda a: previous(a, extra))
         call = self.current()
-        merged = None if call is None or self.config.is_identity else self._merge(kind, index, call, args)
+        merged = None if call is None or self.config.is_identity else self._merge(kind, key, call, args)
         if merged is None:
             return run(args)
         plan, start, gathered, new = merged
         out = run(new)
         return {**out, "img": _restore(plan, start, args["img"], gathered, out["img"])}
 
-    def _merge(self, kind: str, index: int, call: DitCall, args: dict[str, Any]) -> tuple[MergePlan, int, torch.Tensor, dict] | None:
+    def _whole(self, cause: str, message: str) -> None:
+        self._warn(cause, message, "such blocks run whole")
+
+    def _merge(self, kind: str, key: int, call: DitCall, args: dict[str, Any]) -> tuple[MergePlan, int, torch.Tensor, dict] | None:
         x, n = args.get("img"), call.grid.numel
         if not isinstance(x, torch.Tensor) or x.ndim != 3:
             return None
@@ -71,24 +75,14 @@ class DitBlocks(DitPatch):
         else:  # the image stream alone: [image; references], or [references; image] for an image placed last
             start = x.shape[1] - n if self.model.image == "last" else 0
         if start is None or start < 0 or start + n > x.shape[1]:
-            self._warn(
-                "layout",
-                f"a {kind} holds {x.shape[1]} tokens, where a {call.grid} grid and {call.text} text tokens do not fit",
-                "such blocks run whole",
-            )
+            self._whole("layout", f"a {kind} holds {x.shape[1]} tokens, where a {call.grid} grid and {call.text} text tokens do not fit")
             return None
         if any(args.get(name) is not None for name in ("attn_mask", "attention_mask", "self_attention_mask")):
-            self._warn(
-                "mask", f"a {kind} has an attention mask over its tokens, which ToMe's merge does not follow", "such blocks run whole"
-            )
+            self._whole("mask", f"a {kind} has an attention mask over its tokens, which ToMe's merge does not follow")
             return None
         vec = args.get("vec")
         if isinstance(vec, torch.Tensor) and vec.ndim >= 3 and vec.shape[1] == x.shape[1]:
-            self._warn(
-                "per-token",
-                f"a {kind} is modulated per token (a per-token timestep), which ToMe's merge does not follow",
-                "such blocks run whole",
-            )
+            self._whole("per-token", f"a {kind} is modulated per token (a per-token timestep), which ToMe's merge does not follow")
             return None
         image = x[:, start : start + n]
         facts = BlockFacts(
@@ -97,7 +91,7 @@ class DitBlocks(DitPatch):
             grid=call.grid,
             noise=call.noise,
             tokens=lambda: image,
-            key=block_key(_kind_number(self.blocks, kind), index),
+            key=key,
             timestep=call.timestep,
             device=x.device,
         )
@@ -111,16 +105,10 @@ class DitBlocks(DitPatch):
             dim = next((d for d in self.blocks.pe_dims if pe.ndim > d and pe.shape[d] >= x.shape[1]), self.blocks.pe_dims[0])
             rows = _rotary_rows(pe, dim, plan, start, x.shape[1], n)
             if rows is None:
-                self._warn(
-                    "rotary", f"a {kind}'s rotary table {tuple(pe.shape)} does not follow its {x.shape[1]} tokens", "such blocks run whole"
-                )
+                self._whole("rotary", f"a {kind}'s rotary table {tuple(pe.shape)} does not follow its {x.shape[1]} tokens")
                 return None
             new["pe"] = rows
         return plan, start, gathered, new
-
-
-def _kind_number(blocks: ComfyBlocks, kind: str) -> int:
-    return 1 + next((i for i, (k, _) in enumerate(blocks.lists) if k == kind), len(blocks.lists))
 
 
 def _rotary_rows(pe: torch.Tensor, dim: int, plan: MergePlan, start: int, length: int, n: int) -> torch.Tensor | None:
@@ -153,28 +141,24 @@ class BlockMerge:
     that stood there before (another node's), which it calls on the merged arguments. Shared by the MODEL's clones
     (``clone()`` deep-copies the options: this object is immutable)."""
 
-    def __init__(self, patch: DitBlocks, kind: str, index: int, previous: Any = None) -> None:
-        self.patch, self.kind, self.index, self.previous = patch, kind, index, previous
+    def __init__(self, patch: DitBlocks, kind: str, key: int, previous: Any = None) -> None:
+        self.patch, self.kind, self.key, self.previous = patch, kind, key, previous
 
     def __call__(self, args: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-        return self.patch.run(self.kind, self.index, args, extra, self.previous)
+        return self.patch.run(self.kind, self.key, args, extra, self.previous)
 
     def __deepcopy__(self, memo: dict) -> BlockMerge:
         return self
 
 
-def add_block_patches(patched: Any, patch: DitBlocks, diffusion_model: Any) -> int:
-    """Set a :class:`BlockMerge` on each block of ``diffusion_model`` in the clone ``patched``'s options, over the
-    patch each replaces (an earlier tokenmerge one is taken off: a second node replaces the first); how many."""
+def add_block_patches(patched: Any, patch: DitBlocks, diffusion_model: Any) -> None:
+    """Set a :class:`BlockMerge` on each block of ``diffusion_model`` in the clone ``patched``'s options, chaining the
+    patch each replaces (:func:`drop_block_patches` has taken an earlier tokenmerge one off)."""
     options = patched.model_options.setdefault("transformer_options", {})
     replace = options.setdefault("patches_replace", {}).setdefault("dit", {})
-    count = 0
-    for kind, attribute in patch.blocks.lists:
+    for number, (kind, attribute) in enumerate(patch.blocks.lists, 1):
         for index in range(len(getattr(diffusion_model, attribute, None) or ())):
-            previous = replace.get((kind, index))
-            replace[(kind, index)] = BlockMerge(patch, kind, index, previous.previous if isinstance(previous, BlockMerge) else previous)
-            count += 1
-    return count
+            replace[(kind, index)] = BlockMerge(patch, kind, block_key(number, index), replace.get((kind, index)))
 
 
 def drop_block_patches(patched: Any) -> bool:
