@@ -91,11 +91,14 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
         seen_scheduled = list(counter.calls)  # step 1 at pure noise, step 2 at about half
         auto = node.patch(other, method="auto", auto_max_keys=16, auto_min_tokens=16)[0]  # auto's default max_noise
         counter.calls.clear()
-        comfy_dits.sample(auto, name, 1)  # one step, at pure noise
-        seen_auto_noisy = list(counter.calls)
+        comfy_dits.sample(auto, name, 11)  # a many-step schedule (more than 10 steps): its first step is at pure noise
+        seen_auto_noisy = counter.calls[: len(seen_plain) // 2]
         counter.calls.clear()
         comfy_dits.sample(auto, name, 1, noise=0.25)  # the bench's step
         seen_auto_low = list(counter.calls)
+        counter.calls.clear()
+        comfy_dits.sample(auto, name, 4)  # a few-step schedule: the sampler's sigmas say which steps are its last
+        seen_auto_four = list(counter.calls)
         counter.calls.clear()
         comfy_dits.sample(other, name, 1, noise=0.25)
         seen_plain_low = list(counter.calls)
@@ -117,6 +120,7 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
             "calls_scheduled": seen_scheduled,
             "calls_auto_noisy": seen_auto_noisy,
             "calls_auto_low": seen_auto_low,
+            "calls_auto_four": seen_auto_four,
             "calls_plain_low": seen_plain_low,
             "bench_noise": bench_noise,
             "seeded": seeded,
@@ -365,13 +369,27 @@ def test_max_noise_leaves_the_noisy_step_whole_through_comfyuis_model_sampling(c
 
 @each_model
 def test_autos_default_reduces_the_low_noise_step_the_bench_times(comfyui, name):
-    """auto's default noise limit (0.4): a step at pure noise keeps every key, the bench's step (the sigma at noise
-    0.25, found by bisection over the model's sampling) has its image keys reduced, every query kept."""
+    """auto's default noise limit (0.4): the first step of an 11-step schedule (pure noise) keeps every key, the
+    bench's step (the sigma at noise 0.25, found by bisection over the model's sampling) has its image keys reduced,
+    every query kept."""
     found = comfyui["models"][name]
     plain, noisy, low = found["calls_plain_low"], found["calls_auto_noisy"], found["calls_auto_low"]
     assert abs(found["bench_noise"] - 0.25) < 1e-3
     assert noisy == plain and low != plain
     assert [q for q, _ in low] == [q for q, _ in plain] and all(k <= k0 for (_, k), (_, k0) in zip(low, plain))
+
+
+@each_model
+def test_autos_default_reduces_the_last_half_of_a_few_step_schedule(comfyui, name):
+    """Four KSampler steps: auto's default reads the schedule from the sampler's sigmas and reduces steps 3 and 4
+    (whatever their noise levels), keeping every key in steps 1 and 2 (tokenmerge.steps)."""
+    found = comfyui["models"][name]
+    plain, four = found["calls_plain"], found["calls_auto_four"]
+    step = plain[: len(plain) // 2]  # one step of the plain run (two steps, one model call each)
+    assert len(four) == 4 * len(step)
+    per_step = [four[i * len(step) : (i + 1) * len(step)] for i in range(4)]
+    assert per_step[0] == per_step[1] == step
+    assert per_step[2] == per_step[3] != step
 
 
 BLOCK_CASES = [(v, n) for v, n in CASES if get_family(n).comfy.blocks is not None]
@@ -404,3 +422,33 @@ def test_the_unet_node_on_this_comfyui(comfyui):
 
 if __name__ == "__main__":  # the subprocess
     print(json.dumps(_worker(sys.argv[1], sys.argv[2], sys.argv[3].split(","))))
+
+
+def test_zimage_finds_its_image_last_after_the_padded_caption():
+    """ComfyUI's Z-Image pads the caption and the image each to a multiple of 32 ([caption + pad; image + pad]): the
+    image starts after the padded caption, not after the text length the sampler passed (a wrong start would reduce
+    caption padding as image rows, silently)."""
+    from tokenmerge.config import TokenMergeConfig
+    from tokenmerge.families import get
+    from tokenmerge.integrations.comfyui_dit import DitKeyValues
+
+    patch = DitKeyValues(TokenMergeConfig(method="todo"), get("z-image").comfy, (2, 2), pad=32)
+    n, text = 7 * 9, 40  # 63 image tokens (+1 pad), 40 caption tokens (+24 pad)
+    assert patch._image_start(64 + 64, n, text) == 64  # the joint layers: after the padded caption
+    assert patch._image_start(64 + 256 + 64, n, text) == 320  # an omni call: references before the image
+    assert patch._image_start(96, 64 * 64, 90) is None  # the caption's refiner (96 = 90 padded)
+    plain = DitKeyValues(TokenMergeConfig(method="todo"), get("lumina2").comfy, (2, 2))
+    assert plain._image_start(40 + 63, n, text) == 40  # Lumina 2: no padding, the image after the caption
+
+
+def test_a_subclass_with_another_layout_is_not_claimed_by_its_parents_family():
+    """LTX-2's ComfyUI class (``LTXAVModel``, video and audio in one latent) subclasses LTX-Video's: its layout is not
+    LTX-Video's, so the node does not guess it (the model runs unchanged with the unknown-model notice)."""
+    from tokenmerge.families import comfy_model_of
+
+    LTXVModel = type("LTXVModel", (object,), {})
+    LTXAVModel = type("LTXAVModel", (LTXVModel,), {})
+    VaceWanModel = type("VaceWanModel", (type("WanModel", (object,), {}),), {})
+    assert comfy_model_of(LTXVModel()).title == "LTX-Video"
+    assert comfy_model_of(LTXAVModel()) is None
+    assert comfy_model_of(VaceWanModel()).title.startswith("Wan")  # a subclass of the same layout is claimed

@@ -156,7 +156,7 @@ def test_a_call_the_noise_gate_leaves_whole_is_said_once_per_patch():
                 model(**inputs)
     found = [m for m in _messages(caught) if "leaves this call whole" in m]
     assert len(found) == 1
-    assert "noise level 0.900" in found[0] and "max_noise=0.4 (auto's default)" in found[0] and "max_noise=1" in found[0]
+    assert "noise level 0.900" in found[0] and "max_noise=0.4 (auto's default;" in found[0] and "max_noise=1" in found[0]
 
 
 def test_a_cause_every_block_meets_is_said_once_for_the_patch_not_per_block():

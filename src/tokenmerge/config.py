@@ -225,6 +225,12 @@ class TokenMergeConfig:
         return self.max_noise if self.max_noise is not None else self.method_of.default_max_noise
 
     @property
+    def few_step_share(self) -> float | None:
+        """On a few-step schedule, the share of its last steps the default gate reduces instead of ``noise_limit``
+        (:mod:`tokenmerge.steps`); None where ``max_noise`` is given or the method has no such rule."""
+        return None if self.max_noise is not None or self.is_identity else self.method_of.few_step_share
+
+    @property
     def max_ratio(self) -> float:
         """The largest ratio the sx×sy destination grid can reach: all but one token per window."""
         return 1.0 - 1.0 / (self.sx * self.sy)

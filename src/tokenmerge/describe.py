@@ -22,6 +22,7 @@ from .hooks import PatchState
 from .methods import BlockFacts
 from .planning import decide, gated
 from .schedules import expert_steps, noise_of, pipeline_timesteps
+from .steps import FEW_STEPS, StepPosition
 
 # Token grid sides beyond this are pixel or latent sizes passed as a grid (4096 px is 512 latent cells on SD).
 MAX_GRID_SIDE = 512
@@ -146,14 +147,18 @@ def _steps(pipe: Any, component: str, config: TokenMergeConfig, steps: int, grid
     """What the noise gate does with ``component``'s share of a ``steps``-step generation of ``pipe``."""
     timesteps = pipeline_timesteps(pipe, steps, grid.numel)
     runs = expert_steps(pipe, component, timesteps)
-    reduced = [i for i in runs if not gated(config, noise_of(pipe, timesteps[i]))]
+    positions = [StepPosition(i, len(timesteps)) for i in range(len(timesteps))]
+    reduced = [i for i in runs if not gated(config, noise_of(pipe, timesteps[i]), positions[i])]
     share = f"runs {len(runs)} of the {len(timesteps)} steps; " if len(runs) != len(timesteps) else ""
     if len(reduced) == len(runs):
         return f"{share}reduces all {len(runs)}"
-    above = f"noise above max_noise={config.noise_limit:g}"
+    above = f"at noise above max_noise={config.noise_limit:g}"
+    if config.few_step_share is not None and positions[0].few:  # the few-step rule: the last share of the steps
+        above = f"before the last {config.few_step_share:.0%} of a few-step schedule (at most {FEW_STEPS} steps)"
     if not reduced:
-        return f"{share}reduces 0 of {len(runs)}: all at {above}"
-    return f"{share}reduces {len(reduced)} of {len(runs)} (steps {reduced[0] + 1}-{reduced[-1] + 1}); the others are at {above}"
+        return f"{share}reduces 0 of {len(runs)}: all {above}"
+    which = f"step {reduced[0] + 1}" if len(reduced) == 1 else f"steps {reduced[0] + 1}-{reduced[-1] + 1}"
+    return f"{share}reduces {len(reduced)} of {len(runs)} ({which}); the others are {above}"
 
 
 def _describe(patch: PatchState, grid: TokenGrid | None, component: str, steps: str) -> DenoiserDescription:

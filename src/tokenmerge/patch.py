@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -162,6 +163,9 @@ def apply_patch(
     for root, patch in states_of(found.modules):
         uninstall(root, patch)
     states = [install(layout, config) for layout in found.layouts]
+    if has_class_named(model, "DiffusionPipeline"):
+        for state in states:  # its scheduler's steps: where the few-step rule reads a generation's schedule
+            state.pipeline = weakref.ref(model)
     _warn_if_ineffective(states, config)
     _warn_if_no_frames(config, states)
     _warn_if_unreachable(states, config)

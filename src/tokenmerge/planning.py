@@ -13,13 +13,14 @@ import torch
 from .algorithms import hash_ints
 from .config import TokenMergeConfig
 from .methods import IDLE, BlockAction, BlockFacts, idle
+from .steps import StepPosition
 
 _BLOCK_SALT = 0x70E
 # How far above max_noise a call still counts as reduced: half of bfloat16's spacing near 1, so that a timestep the
 # pipeline passed in bfloat16 counts as its step (t / 1000 = 0.4 arrives as 0.40039).
 NOISE_TOLERANCE = 2**-9
 
-__all__ = ["IDLE", "NOISE_TOLERANCE", "BlockAction", "BlockFacts", "block_key", "decide", "gated", "noise_level"]
+__all__ = ["IDLE", "NOISE_TOLERANCE", "BlockAction", "BlockFacts", "block_key", "decide", "gate_reason", "gated", "noise_level"]
 
 
 def block_key(*identity: int) -> int:
@@ -37,11 +38,23 @@ def noise_level(timestep: torch.Tensor, scale: tuple[float, float]) -> float:
     return (float(extreme) - clean) / (noisy - clean)
 
 
-def gated(config: TokenMergeConfig, noise: float | None) -> bool:
-    """Whether the noise gate leaves a call at ``noise`` whole: its noise level is above ``max_noise`` (the method's
-    default where unset) by more than :data:`NOISE_TOLERANCE` (0.4 admits up to 0.40195: a step at t = 401 of 1000,
-    where DDIM's leading spacing puts one, is reduced). ``None`` (not read) is never gated."""
+def gated(config: TokenMergeConfig, noise: float | None, position: StepPosition | None = None) -> bool:
+    """Whether the gate leaves a call whole. On a few-step schedule (``position``, :mod:`tokenmerge.steps`) under a
+    method's default gate with a few-step rule: unless the step is among the last ``few_step_share`` of them. Else by
+    its ``noise`` level: above ``max_noise`` (the method's default where unset) by more than :data:`NOISE_TOLERANCE`
+    (0.4 admits up to 0.40195: a step at t = 401 of 1000, where DDIM's leading spacing puts one, is reduced); ``None``
+    (not read) is never gated."""
+    share = config.few_step_share
+    if share is not None and position is not None and position.few:
+        return not position.in_last(share)
     return noise is not None and config.noise_limit < 1 and noise > config.noise_limit + NOISE_TOLERANCE
+
+
+def gate_reason(config: TokenMergeConfig, position: StepPosition | None) -> str:
+    """Why :func:`gated` leaves a call whole, in a few words."""
+    if config.few_step_share is not None and position is not None and position.few:
+        return f"step {position.index + 1} of a {position.total}-step schedule, before its last {config.few_step_share:.0%}"
+    return f"noise level above max_noise={config.noise_limit:g}"
 
 
 def decide(config: TokenMergeConfig, facts: BlockFacts) -> BlockAction:
@@ -61,8 +74,8 @@ def decide(config: TokenMergeConfig, facts: BlockFacts) -> BlockAction:
         return idle("level not patched")
     if facts.grid is None:
         return IDLE
-    if gated(config, facts.noise):
-        return idle(f"noise level above max_noise={config.noise_limit:g}")
+    if gated(config, facts.noise, facts.position):
+        return idle(gate_reason(config, facts.position))
     if facts.shard is not None and (refused := method.on_shard(config, facts.shard)):
         facts.notes.append(("parallel", f"under context parallelism, {refused}; its blocks run unchanged"))
         return idle("rank's part not reducible")

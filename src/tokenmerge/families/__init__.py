@@ -138,10 +138,14 @@ def comfy_model_of(diffusion_model: object, image_model: str | None = None) -> C
     """The ComfyUI layout of a ComfyUI diffusion model: the one a family gives for the nearest class of its MRO and
     ``image_model`` (the ``unet_config`` entry ComfyUI's model detection writes; where one class serves several
     families, it decides), or None."""
-    for cls in type(diffusion_model).__mro__:
+    mro = type(diffusion_model).__mro__
+    for cls in mro:
         found = _BY_COMFY_CLASS.get(cls.__name__)
         if found:
-            return next((m for m in found if not m.image_models or image_model in m.image_models), None)
+            fits = [m for m in found if not m.image_models or image_model in m.image_models]
+            fits = [m for m in fits if not any(c.__name__ in m.excludes for c in mro)]
+            fits = [m for m in fits if not m.padded_by or m.pad_of(diffusion_model) > 1]  # the instance's own layout
+            return min(fits, key=lambda m: not m.padded_by, default=None)  # the one its attributes name first
     return None
 
 

@@ -203,10 +203,32 @@ class ComfyModel:
     notes: str = ""  # what the override sees (docs/comfyui.md)
     image_models: tuple[str, ...] = ()  # the unet_config "image_model" values it claims (empty: any)
     blocks: ComfyBlocks | None = None  # where ToMe merges around its blocks (None: not offered, auto instead)
+    # The instance attribute holding the multiple to which the caption and the image are each padded at their end,
+    # the image last ([caption + pad; image + pad]: Z-Image's NextDiT); an instance with it set is this layout.
+    padded_by: str = ""
+    # Subclasses of its classes with another layout, not claimed: such a model runs unchanged with one notice (a
+    # subclass is otherwise claimed by the nearest class of its MRO: Wan's VACE, ...)
+    excludes: tuple[str, ...] = ()
+
+    def pad_of(self, diffusion_model: Any) -> int:
+        """The multiple this instance pads its caption and image to (1: none)."""
+        value = getattr(diffusion_model, self.padded_by, None) if self.padded_by else None
+        return value if isinstance(value, int) and value > 1 else 1
 
     def __post_init__(self) -> None:
         if self.image not in IMAGE_PLACES:
             raise ValueError(f"image must be one of {', '.join(IMAGE_PLACES)}, got {self.image!r}")
+
+    @property
+    def routes(self) -> tuple[str, ...]:
+        """The routes into this model (:data:`tokenmerge.methods.ROUTES`): the attention override, and its block
+        replace patches where it offers them."""
+        return ("comfyui-dit", "comfyui-blocks") if self.blocks is not None else ("comfyui-dit",)
+
+    def route_for(self, method: Any) -> str | None:
+        """The route ``method`` (a :class:`tokenmerge.methods.Method`) runs on here: around the blocks where both
+        allow it, else the override; None where neither does."""
+        return next((route for route in reversed(self.routes) if route in method.routes), None)
 
     def patch_of(self, diffusion_model: Any) -> tuple[int, ...]:
         """Latent cells per token of this instance: its ``patch_size`` (an int: each spatial side; a sequence: its

@@ -53,5 +53,7 @@ FAMILY = Family(
         image="first",
         notes="comfy/ldm/lightricks: self-attention q, k, v (B, S, H*D) after the rotary embedding over the video tokens "
         "(guide keyframe latents appended to the frames are part of the grid); cross-attention to text left alone",
+        # LTX-2 (LTXAVModel, 0.33): a video and an audio stream in one latent, whose layout the node does not read yet
+        excludes=("LTXAVModel",),
     ),
 )

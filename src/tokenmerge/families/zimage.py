@@ -29,7 +29,7 @@ import torch
 from ..algorithms import Segment, TokenGrid, TokenLayout
 from ..notices import warn_at_caller
 from . import Family
-from .base import DECLINED, Argument, BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, Span
+from .base import DECLINED, Argument, BlockLayout, ComfyModel, Container, DenoiserLayout, Follow, KeyValueSite, Span
 
 SEQ_MULTI_OF = 32  # diffusers' transformer_z_image.SEQ_MULTI_OF: image and caption lengths are padded to it
 # The kind of the image's padding rows: neither text (the image stream holds them) nor a reference image (no grid,
@@ -125,4 +125,12 @@ FAMILY = Family(
     "32, the batch's longest, after the image; main layers (joint) and noise_refiner (image) patched, context_refiner "
     "not; rotary: freqs_cis (B, S, D/2) complex and the (B, S) attention_mask gathered per sample; omni calls and "
     "images of different sizes run unchanged",
+    comfy=ComfyModel(
+        ("NextDiT",),
+        "Z-Image",
+        image_models=("lumina2",),
+        padded_by="pad_tokens_multiple",
+        notes="comfy/ldm/lumina (0.33): Lumina 2's NextDiT with pad_tokens_multiple: [caption + pad; image + pad] to "
+        "multiples of 32, the image last (after references and SigLIP tokens in omni calls); q, k, v after the rotary",
+    ),
 )

@@ -14,6 +14,7 @@ from ..families.base import Declined
 from ..methods import IDLE, BlockFacts, PlanStore
 from ..notices import warn_at_caller
 from ..planning import decide, gated, noise_level
+from ..steps import StepPosition, few_step_clause, few_step_notice, position_in
 from . import dispatch
 from .parallel import ContextSplit, context_split
 from .sites import keyword_route
@@ -92,7 +93,10 @@ class BeginCall:
                 cache.step += 1
                 cache.last_timestep = value
             step = cache.step
-        call = CallState(config, t, step, split=context_split(patch.layout.root), noise=self._noise(t, config))
+        noise = self._noise(t, config)
+        position = self._position(noise, config)
+        self._notice_gate(config, noise, position)
+        call = CallState(config, t, step, split=context_split(patch.layout.root), noise=noise, position=position)
         if config.method_of.per_generation and not config.is_identity and not torch.compiler.is_compiling():
             call.generation = self._generation(config, x, t)
         if patch.routes_dispatch and not torch.compiler.is_compiling():
@@ -127,8 +131,7 @@ class BeginCall:
             )
 
     def _noise(self, t: torch.Tensor | None, config: TokenMergeConfig) -> float | None:
-        """The call's noise level where ``max_noise`` needs it (one host read; not inside a compiled graph). A call it
-        leaves whole is said once per patch (auto's default leaves most steps of a flow pipeline whole)."""
+        """The call's noise level where ``max_noise`` needs it (one host read; not inside a compiled graph)."""
         if config.noise_limit >= 1 or config.is_identity:
             return None
         if torch.compiler.is_compiling():
@@ -139,9 +142,15 @@ class BeginCall:
                 "noise", f"its call has no timestep to read, so max_noise={config.noise_limit:g} cannot act: every step is reduced"
             )
             return None
-        noise = noise_level(t, self.scale)
-        if gated(config, noise):
-            default = " (auto's default)" if config.max_noise is None else ""
+        return noise_level(t, self.scale)
+
+    def _notice_gate(self, config: TokenMergeConfig, noise: float | None, position: StepPosition | None) -> None:
+        """A call the noise gate leaves whole is said once per patch (auto's default leaves most steps of a flow
+        pipeline whole; a few-step schedule is said by :meth:`_position`)."""
+        if position is not None and position.few and config.few_step_share is not None:
+            return  # said by _position
+        if gated(config, noise, position):
+            default = few_step_clause(config) if config.max_noise is None else ""
             self.patch.notice(
                 "noise gate",
                 f"method={config.method!r} leaves this call whole: its noise level {noise:.3f} (1 = pure noise) is above "
@@ -149,7 +158,20 @@ class BeginCall:
                 "shift their schedules toward noise: at large sizes or few steps none may be). tokenmerge.describe(pipe, "
                 "steps=N, size=...) counts them; max_noise=1 reduces every step (faster, less faithful)",
             )
-        return noise
+
+    def _position(self, noise: float | None, config: TokenMergeConfig) -> StepPosition | None:
+        """The call's step in its schedule where the default gate's few-step rule needs it: the patched pipeline's
+        scheduler's, else estimated from this thread's calls (:mod:`tokenmerge.steps`). A few-step schedule is said
+        once per patch."""
+        if noise is None or config.few_step_share is None:
+            return None
+        patch = self.patch
+        estimate = patch.step_track().observe(noise)  # every call: the estimate stays whole if the scheduler goes
+        levels = patch.scheduled_levels()
+        position = (levels and position_in(levels, noise)) or estimate
+        if position is not None and position.few:
+            patch.notice("few steps", few_step_notice(config, position, "the pipeline's scheduler" if position.known else "its calls"))
+        return position
 
     def notice_compiled(self) -> None:
         """Under torch.compile of the whole denoiser the timestep is not read: every step is reduced (said once)."""
@@ -336,6 +358,7 @@ class PlanBlock:
             shard=shard,
             uneven=call.split is not None and call.split.uneven,
             noise=call.noise,
+            position=call.position,
             tokens=lambda: image_tokens(x, stream),
             key=info.key,
             timestep=call.timestep,

@@ -28,6 +28,7 @@ from ..algorithms import TokenLayout
 from ..config import TokenMergeConfig
 from ..methods import BlockAction
 from ..notices import warn_at_caller
+from ..steps import StepPosition, StepTrack
 from . import dispatch
 
 
@@ -78,6 +79,7 @@ class CallState:
     recomputing: bool = False
     split: Any = None  # hooks.parallel.ContextSplit: the context-parallel split this call runs under, if any
     noise: float | None = None  # the call's noise level where max_noise needs it (planning.noise_level)
+    position: StepPosition | None = None  # the call's step in its schedule, where the few-step rule needs it
     cache_lists: Any = None  # hooks.step_caches.cache_dit_lists of the denoiser, read as the call began (tome only)
     generation: Any = None  # a per-generation method's state of this call (methods.tokencache.Generation)
 
@@ -149,6 +151,7 @@ class PatchState:
         self.shared_plans = False
         self.epoch = 0
         self.__setstate__({})
+        self.pipeline: Any = None  # a weak reference to the diffusers pipeline patched with it (its scheduler's steps)
 
     # -- options ---------------------------------------------------------------------------------------
 
@@ -231,6 +234,27 @@ class PatchState:
             cache = self._local.cache = StepCache(self.epoch)
         return cache
 
+    def step_track(self) -> StepTrack:
+        """This thread's noise levels of the current generation's steps (:mod:`tokenmerge.steps`)."""
+        found = getattr(self._local, "steps", None)
+        if found is None or found[0] != self.epoch:
+            found = self._local.steps = (self.epoch, StepTrack())
+        return found[1]
+
+    def scheduled_levels(self) -> list[float] | None:
+        """The noise levels of the steps of the patched pipeline's schedule, as its ``__call__`` set its scheduler
+        (None where no pipeline was patched or its scheduler has no timesteps)."""
+        pipe = self.pipeline() if self.pipeline is not None else None
+        scheduler = getattr(pipe, "scheduler", None)
+        timesteps = getattr(scheduler, "timesteps", None)
+        if not isinstance(timesteps, torch.Tensor) or timesteps.numel() == 0:
+            return None
+        found = getattr(self._local, "levels", None)
+        if found is None or found[0] is not timesteps:  # read once per set_timesteps
+            scale = getattr(getattr(scheduler, "config", None), "num_train_timesteps", None) or 1000
+            found = self._local.levels = (timesteps, (timesteps.detach().float().cpu() / scale).tolist())
+        return found[1]
+
     def generations(self) -> Any:
         """This thread's generations of a per-generation method (methods.tokencache.Generations), started afresh when
         the options change; dropped with the patch."""
@@ -267,10 +291,12 @@ class PatchState:
         return _Anchor.apply(x, call)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_records", "_recent", "_lock", "_local")}
+        # A copy is not tied to the pipeline of the original (a weak reference, not picklable): it reads its calls.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_records", "_recent", "_lock", "_local", "pipeline")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("pipeline", None)
         if state.get("routes_dispatch"):  # a copy (deepcopy, pickle) of an installed patch holds the route too
             dispatch.acquire()
         self._records: dict[tuple, weakref.ref] = {}

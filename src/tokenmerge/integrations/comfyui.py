@@ -37,6 +37,7 @@ from ..families import ldm
 from ..methods import IDLE, BlockFacts, methods_on
 from ..notices import warn_at_caller
 from ..planning import block_key, decide, gated
+from ..steps import StepPosition, StepTrack, few_step_clause, few_step_notice, position_in
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
 _STAGES = {"input": 1, "middle": 2, "output": 3}
@@ -94,6 +95,17 @@ def comfy_noise(model_sampling: Any, sigma: Any) -> float | None:
     return float(model_sampling.timestep(sigma.detach().float()).max()) / top
 
 
+def comfy_levels(model_sampling: Any, sample_sigmas: Any) -> list[float] | None:
+    """The noise levels (as :func:`comfy_noise`) of the steps of a sampler's ``sample_sigmas`` (ComfyUI's
+    ``transformer_options``; the final 0 is where the last step ends, not a step)."""
+    if model_sampling is None or not isinstance(sample_sigmas, torch.Tensor) or sample_sigmas.numel() < 2:
+        return None
+    sigmas = sample_sigmas.detach().float().cpu()
+    sigmas = sigmas[:-1] if float(sigmas[-1]) == 0 else sigmas
+    top = float(model_sampling.timestep(model_sampling.sigma_max))
+    return [float(model_sampling.timestep(s)) / top for s in sigmas]
+
+
 class SharedPatch:
     """A patch object one patched MODEL and all its clones share: ``ModelPatcher.clone()`` deep-copies the model
     options, and a deep copy is the object itself (immutable apart from per-thread call state in ``_local``),
@@ -102,6 +114,7 @@ class SharedPatch:
     _local: threading.local
     _noise_warned = False
     _gate_noticed = False
+    _few_noticed = False
     config: TokenMergeConfig
 
     def __getstate__(self) -> dict[str, Any]:
@@ -114,6 +127,36 @@ class SharedPatch:
     def __deepcopy__(self, memo: dict) -> SharedPatch:
         return self
 
+    def step_position(self, model_sampling: Any, options: Any, noise: float | None) -> StepPosition | None:
+        """This step's position in its schedule where the default gate's few-step rule needs it: read from the
+        sampler's ``sample_sigmas`` in the call's transformer ``options``, else estimated from this thread's steps
+        (:mod:`tokenmerge.steps`). A few-step schedule is said once per patch."""
+        if noise is None or self.config.few_step_share is None:
+            return None
+        track = self._local.__dict__.setdefault("steps", StepTrack())
+        estimate = track.observe(noise)
+        levels = comfy_levels(model_sampling, options.get("sample_sigmas") if isinstance(options, dict) else None)
+        position = (levels and position_in(levels, noise)) or estimate
+        if position is not None and position.few and not self._few_noticed:
+            self._few_noticed = True
+            source = "the sampler's sigmas" if position.known else "its steps"
+            warn_at_caller(f"tokenmerge: {few_step_notice(self.config, position, source)}")
+        return position
+
+    def notice_gate(self, noise: float | None, position: StepPosition | None) -> None:
+        """A step the noise gate leaves whole is said once per patch (a few-step schedule is said apart)."""
+        if self._gate_noticed or (self.config.few_step_share is not None and position is not None and position.few):
+            return
+        if gated(self.config, noise, position):
+            self._gate_noticed = True
+            default = few_step_clause(self.config) if self.config.max_noise is None else ""
+            warn_at_caller(
+                f"tokenmerge: method={self.config.method!r} leaves this step whole: its noise level {noise:.3f} (1 = pure noise) "
+                f"is above max_noise={self.config.noise_limit:g}{default}, so only the later, less noisy steps are reduced (flow "
+                "models' shifted schedules may have none at large sizes or few steps); set max_noise=1 on the node to reduce "
+                "every step (faster, less faithful)"
+            )
+
     def step_noise(self, model_sampling: Any, sigma: Any) -> float | None:
         """:func:`comfy_noise` of a step; where it cannot be read, one warning per patch that ``max_noise`` cannot
         act (its own flag: a warning about something else must not hide it)."""
@@ -122,15 +165,6 @@ class SharedPatch:
             self._noise_warned = True
             warn_at_caller(
                 f"tokenmerge: this step's noise level cannot be read, so max_noise={self.config.noise_limit:g} cannot act: every step is reduced",
-            )
-        elif gated(self.config, noise) and not self._gate_noticed:
-            self._gate_noticed = True
-            default = " (auto's default)" if self.config.max_noise is None else ""
-            warn_at_caller(
-                f"tokenmerge: method={self.config.method!r} leaves this step whole: its noise level {noise:.3f} (1 = pure noise) "
-                f"is above max_noise={self.config.noise_limit:g}{default}, so only the later, less noisy steps are reduced (flow "
-                "models' shifted schedules may have none at large sizes or few steps); set max_noise=1 on the node to reduce "
-                "every step (faster, less faithful)"
             )
         return noise
 
@@ -159,18 +193,20 @@ class ComfyTokenMerge(SharedPatch):
     def _state(self) -> Any:
         local = self._local
         if not hasattr(local, "action"):
-            local.action, local.attn1, local.attn2, local.sigmas, local.noise = IDLE, None, None, None, None
+            local.action, local.attn1, local.attn2, local.sigmas, local.noise, local.position = IDLE, None, None, None, None, None
         return local
 
-    def _noise(self, extra_options: dict[str, Any]) -> float | None:
-        """This step's noise level where ``max_noise`` needs it, read once per step (ComfyUI hands every block of
-        a step the same ``sigmas`` tensor)."""
+    def _noise(self, extra_options: dict[str, Any]) -> tuple[float | None, StepPosition | None]:
+        """This step's noise level where ``max_noise`` needs it and its position in the schedule where the few-step
+        rule does, read once per step (ComfyUI hands every block of a step the same ``sigmas`` tensor)."""
         if self.config.noise_limit >= 1:
-            return None
+            return None, None
         state, sigmas = self._state, extra_options.get("sigmas")
         if sigmas is not state.sigmas:
             state.sigmas, state.noise = sigmas, self.step_noise(self.model_sampling, sigmas)
-        return state.noise
+            state.position = self.step_position(self.model_sampling, extra_options, state.noise)
+            self.notice_gate(state.noise, state.position)
+        return state.noise, state.position
 
     def _grid(self, n: torch.Tensor, extra_options: dict[str, Any]) -> tuple[TokenGrid | None, int]:
         """The grid and level of this block's tokens."""
@@ -194,13 +230,15 @@ class ComfyTokenMerge(SharedPatch):
         if config.is_identity:
             return n, context, value
         grid, level = self._grid(n, extra_options)
+        noise, position = self._noise(extra_options)
         stage, index = extra_options.get("block", ("input", 0))
         key = _comfy_block_key(_STAGES.get(stage, 0), index, extra_options.get("block_index", 0))
         facts = BlockFacts(
             level=level,
             top_level=self.top_level,
             grid=grid,
-            noise=self._noise(extra_options),
+            noise=noise,
+            position=position,
             tokens=lambda: n,
             key=key,
             timestep=extra_options.get("sigmas"),

@@ -40,7 +40,7 @@ class DitBlocks(DitPatch):
     per_call = False  # ToMe decides per block, on the block's tokens
 
     def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...]) -> None:
-        if not config.method_of.merges or "comfyui-blocks" not in config.method_of.routes or model.blocks is None:
+        if not config.method_of.merges or model.route_for(config.method_of) != "comfyui-blocks":
             raise ValueError(f"DitBlocks merges around ComfyUI's blocks (method='tome' on {model.title}), got method={config.method!r}")
         super().__init__(config, model, patch)
         self.blocks: ComfyBlocks = model.blocks
@@ -90,6 +90,7 @@ class DitBlocks(DitPatch):
             top_level=1,
             grid=call.grid,
             noise=call.noise,
+            position=call.position,
             tokens=lambda: image,
             key=key,
             timestep=call.timestep,

@@ -34,6 +34,7 @@ from ..families import ComfyModel, comfy_model_of
 from ..methods import BlockAction, BlockFacts
 from ..notices import warn_at_caller
 from ..planning import decide
+from ..steps import StepPosition
 from .comfyui import SharedPatch
 
 OVERRIDE = "optimized_attention_override"
@@ -51,6 +52,7 @@ class DitCall:
     action: BlockAction | None
     noise: float | None = None
     timestep: Any = None
+    position: StepPosition | None = None
 
 
 def grid_of(latent_shape: tuple[int, ...], patch: tuple[int, ...]) -> TokenGrid:
@@ -65,8 +67,11 @@ class DitPatch(SharedPatch):
     ``APPLY_MODEL`` wrapper that reads each call's grid and text length for the patches running inside it (per
     thread: the override and block patches see only their own arguments)."""
 
-    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...]) -> None:
+    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], pad: int = 1) -> None:
         self.config, self.model, self.patch = config, model, patch
+        # Z-Image (NextDiT with pad_tokens_multiple): the caption and the image are each padded at their end to a
+        # multiple of this, and the image comes last: [caption + pad; image + pad]
+        self.pad = pad
         self._local = threading.local()
         self._said: set[str] = set()
 
@@ -79,12 +84,17 @@ class DitPatch(SharedPatch):
         call = None
         if not declined:
             grid = grid_of(tuple(x.shape), self.patch)
-            noise = None
+            noise = position = None
             if self.config.noise_limit < 1:
                 # the model's sampling as this sampler runs it (a shift node's object patch applied)
-                noise = self.step_noise(getattr(getattr(executor, "class_obj", None), "model_sampling", None), t)
-            action = decide(self.config, BlockFacts(level=1, top_level=1, grid=grid, noise=noise)) if self.per_call else None
-            call = DitCall(grid, text, action, noise, t if isinstance(t, torch.Tensor) else None)
+                sampling = getattr(getattr(executor, "class_obj", None), "model_sampling", None)
+                noise = self.step_noise(sampling, t)
+                options = args[1] if len(args) > 1 else kwargs.get("transformer_options")  # (control, transformer_options)
+                position = self.step_position(sampling, options, noise)
+                self.notice_gate(noise, position)
+            facts = BlockFacts(level=1, top_level=1, grid=grid, noise=noise, position=position)
+            action = decide(self.config, facts) if self.per_call else None
+            call = DitCall(grid, text, action, noise, t if isinstance(t, torch.Tensor) else None, position)
         stack.append(call)
         try:
             return executor(x, t, c_concat, c_crossattn, *args, **kwargs)
@@ -112,10 +122,10 @@ class DitPatch(SharedPatch):
 class DitKeyValues(DitPatch):
     """The override and the wrapper of one patched DiT MODEL (shared by its clones; per-thread call state)."""
 
-    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None) -> None:
+    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None, pad: int = 1) -> None:
         if not config.method_of.reduces_keys or "comfyui-dit" not in config.method_of.routes:
             raise ValueError(f"DitKeyValues reduces keys and values (a key/value method), got method={config.method!r}")
-        super().__init__(config, model, patch)
+        super().__init__(config, model, patch, pad)
         self.previous = previous
 
     def apply_model(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None, *args: Any, **kwargs: Any):
@@ -148,6 +158,17 @@ class DitKeyValues(DitPatch):
             return previous(func, *args, **kwargs)
         return func(*args, **kwargs)
 
+    def _image_start(self, tokens: int, n: int, text: int) -> int | None:
+        """Where the image tokens start in an attention call of ``tokens``: the model's rule, or, where the model pads
+        each part to a multiple (Z-Image), the image's padded block last; none in a call as long as the padded caption
+        (its own refiner; an image-only call of that length is left whole too: the two cannot be told apart)."""
+        if self.pad <= 1:
+            return self.model.image_start(tokens, n, text)
+        padded = -(-n // self.pad) * self.pad
+        if tokens < padded or (text and tokens == -(-text // self.pad) * self.pad):
+            return None
+        return tokens - padded
+
     def _reduce(self, call: DitCall, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
         q, k, v = args[:3]
         heads_first = bool(kwargs.get("skip_reshape", False))  # (B, H, S, D); else (B, S, H * D)
@@ -155,7 +176,7 @@ class DitKeyValues(DitPatch):
         n, s_q, s_k = call.grid.numel, q.shape[seq], k.shape[seq]
         if s_k != s_q or s_k < n:  # cross-attention (keys = text or image-embedding tokens), or not this grid
             return None
-        start = self.model.image_start(s_k, n, call.text)
+        start = self._image_start(s_k, n, call.text)
         if start is None:
             self._warn("layout", f"its attention has {s_k} tokens, where a {call.grid} grid and {call.text} text tokens do not fit")
             return None
@@ -202,9 +223,8 @@ def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
     model = comfy_model_of(diffusion_model, unet_config.get("image_model"))
     if model is None:
         return None
-    routes = config.method_of.routes
-    blocks = "comfyui-blocks" in routes and model.blocks is not None
-    if not blocks and "comfyui-dit" not in routes:
+    route = model.route_for(config.method_of)
+    if route is None:
         warnings.warn(
             f"tokenmerge: method={config.method!r} is not available on ComfyUI's {model.title}: its blocks offer no replace patch "
             "tokenmerge reads, and the attention override sees one attention call, not its block, so merged tokens could not "
@@ -212,6 +232,7 @@ def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
             stacklevel=3,
         )
         config = dataclasses.replace(config, method="auto")
+        route = model.route_for(config.method_of)
     patched = model_patcher.clone()
     options = patched.model_options.setdefault("transformer_options", {})
     previous = options.get(OVERRIDE)
@@ -226,11 +247,11 @@ def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
         warnings.warn("tokenmerge: this MODEL already carries a tokenmerge patch; it is replaced by this node's options", stacklevel=3)
         patched.remove_wrappers_with_key("apply_model", WRAPPER_KEY)
     patch = model.patch_of(diffusion_model)
-    if blocks:
+    if route == "comfyui-blocks":
         wrapper: DitPatch = DitBlocks(config, model, patch)
         add_block_patches(patched, wrapper, diffusion_model)
     else:
-        wrapper = DitKeyValues(config, model, patch, previous)
+        wrapper = DitKeyValues(config, model, patch, previous, model.pad_of(diffusion_model))
         options[OVERRIDE] = wrapper
     patched.add_wrapper_with_key("apply_model", WRAPPER_KEY, wrapper.apply_model)
     return patched

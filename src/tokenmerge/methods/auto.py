@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 # auto's max_noise when none is given: chosen on the reference models' frontier (seeds 0-7, checked on 100-107),
 # the highest level at which auto keeps ToMe r=0.5's quality on every yardstick (docs/quality.md).
 AUTO_MAX_NOISE = 0.4
+# On a few-step schedule (at most tokenmerge.steps.FEW_STEPS steps: distilled models, whose noise stays high to the
+# end) auto's default reduces this share of the last steps instead: chosen on the 4-step distilled reference's
+# frontier (docs/few_steps.md).
+AUTO_FEW_STEP_SHARE = 0.5
 
 
 def auto_kv_factor(tokens: int, max_keys: int, min_tokens: int, max_factor: int | None = None) -> int:
@@ -54,6 +58,7 @@ class Auto(KeyValueMethod):
     name = "auto"
     reads = ("kv_interpolation", "auto_max_keys", "auto_min_tokens", "auto_max_factor")
     default_max_noise = AUTO_MAX_NOISE
+    few_step_share = AUTO_FEW_STEP_SHARE
     every_level = True  # its rule leaves small grids alone
 
     def factors(self, config: TokenMergeConfig, grid: TokenGrid) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from ..algorithms import MergePlan, Shard, TokenGrid
 
 if TYPE_CHECKING:
     from ..config import TokenMergeConfig
+    from ..steps import StepPosition
 
 # Where a method can run: the diffusers / ldm / sgm hooks, ComfyUI's UNet attention patches, ComfyUI's DiT attention
 # override (one attention call at a time: key/value methods only), the webui and Forge (through the ldm hooks and
@@ -85,6 +86,7 @@ class BlockFacts:
     shard: Shard | None = None
     uneven: bool = False  # the context-parallel split allows ranks of unequal lengths
     noise: float | None = None
+    position: StepPosition | None = None  # the call's step in its schedule, where the few-step rule needs it
     tokens: Callable[[], torch.Tensor] | None = None
     key: int | torch.Tensor = 0
     timestep: torch.Tensor | None = None
@@ -119,6 +121,9 @@ class Method:
     reads: ClassVar[tuple[str, ...]]  # the options it reads (the others: "does not use", said at apply_patch)
     routes: ClassVar[tuple[str, ...]] = tuple(r for r in ROUTES if r != "comfyui-blocks")  # key/value methods: the override
     default_max_noise: ClassVar[float] = 1.0  # max_noise=None: reduce the steps at noise <= this (1 = every step)
+    # max_noise=None on a few-step schedule (tokenmerge.steps): reduce this share of its last steps instead (None: the
+    # noise rule holds there too)
+    few_step_share: ClassVar[float | None] = None
     every_level: ClassVar[bool] = False  # with max_downsample=None, every level (its rule leaves small grids alone)
     reduces_keys: ClassVar[bool] = False  # acts on attention keys and values (a processor's own kernel escapes it)
     merges: ClassVar[bool] = False  # merges spans of a block (a step cache's deciding block then runs whole)

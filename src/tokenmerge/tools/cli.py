@@ -181,7 +181,7 @@ def _eval(args: argparse.Namespace) -> int:
     results, images = run_eval(configs, seeds, sampler, sampler.target, progress=(lambda: bar.update(1)) if bar else (lambda: None))
     if bar:
         bar.close()
-    header = f"{sampler.describe()}, {args.steps} DDIM steps, CFG {args.guidance}, {len(seeds)} seeds{f' ({seeds[0]}-{seeds[-1]})' if args.first_seed else ''}, {torch.get_num_threads()} threads"
+    header = f"{sampler.describe()}, {len(seeds)} seeds{f' ({seeds[0]}-{seeds[-1]})' if args.first_seed else ''}, {torch.get_num_threads()} threads"
     print(format_results(results, header))
     extra: dict = {}
     if args.baseline:
@@ -193,7 +193,7 @@ def _eval(args: argparse.Namespace) -> int:
         print(format_paired(paired))
         extra["paired"] = paired
     frames = {"frames": sampler.frames} if getattr(sampler, "frames", 0) else {}
-    meta = dict(model=args.model or "unet", size=sampler.size, steps=args.steps, seeds=len(seeds), first_seed=args.first_seed, **frames)
+    meta = dict(model=args.model or "unet", size=sampler.size, steps=sampler.steps, seeds=len(seeds), first_seed=args.first_seed, **frames)
 
     def write_json() -> None:
         if args.json:
@@ -244,6 +244,29 @@ def _train(args: argparse.Namespace) -> int:
         train(config, log=log)
     if args.finish:
         finish(Path(out), log=log)
+    return 0
+
+
+def _distill(args: argparse.Namespace) -> int:
+    from .reference.distill import DistillConfig, distill, finish
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    log = lambda *a, **k: print(*a, **k, file=sys.stderr)  # noqa: E731
+    if not args.finish_only:
+        config = DistillConfig(
+            out=args.out,
+            teacher=args.teacher,
+            trajectories=args.trajectories,
+            hours=args.hours,
+            steps=args.steps or DistillConfig().steps,
+            batch=args.batch,
+            lr=args.lr,
+            seed=args.seed,
+        )
+        distill(config, log=log)
+    if args.finish:
+        finish(Path(args.out), log=log)
     return 0
 
 
@@ -412,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     if REFERENCE:
         _reference_commands(commands)
     else:
-        for name in ("eval", "train-reference"):
+        for name in ("eval", "train-reference", "distill-reference"):
             stub = commands.add_parser(name, help=f"(from a clone of the repository: {NO_REFERENCE})", add_help=False)
             stub.add_argument("rest", nargs=argparse.REMAINDER)
             stub.set_defaults(func=_no_reference)
@@ -443,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _reference_commands(commands: Any) -> None:
     """``eval`` and ``train-reference``, where the reference models are installed (a clone)."""
-    from .reference.models import DEFAULT_KIND, KINDS
+    from .reference.models import DEFAULT_KIND, KINDS, SHIPPED
 
     ev = commands.add_parser(
         "eval",
@@ -453,7 +476,7 @@ def _reference_commands(commands: Any) -> None:
     )
     ev.add_argument(
         "--model",
-        help=f"a shipped reference model ({', '.join(KINDS)}), a reference .safetensors file or a diffusers pipeline folder "
+        help=f"a shipped reference model ({', '.join(SHIPPED)}), a reference .safetensors file or a diffusers pipeline folder "
         f"(default: {DEFAULT_KIND})",
     )
     ev.add_argument(
@@ -465,7 +488,9 @@ def _reference_commands(commands: Any) -> None:
     )
     ev.add_argument("--seeds", type=int, default=2, help="number of seeds (one image each); the README's tables use 8")
     ev.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0): check a choice made on seeds 0..N-1 on others")
-    ev.add_argument("--steps", type=int, default=20, help="DDIM steps")
+    ev.add_argument(
+        "--steps", type=int, default=None, help="sampling steps (default: the model's own: 20 DDIM steps, a distilled model's 4)"
+    )
     ev.add_argument(
         "--size",
         type=int,
@@ -478,7 +503,9 @@ def _reference_commands(commands: Any) -> None:
         metavar="SPEC",
         help="also print each configuration's paired per-seed PSNR difference against this one (one of --configs, e.g. tome:0.5)",
     )
-    ev.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale")
+    ev.add_argument(
+        "--guidance", type=float, default=None, help="classifier-free guidance scale (default 3; none for a guidance-distilled model)"
+    )
     ev.add_argument("--threads", type=int, default=0)
     ev.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ev.add_argument("--grid", metavar="PNG", help="write a side-by-side image grid (vanilla and each configuration)")
@@ -539,6 +566,28 @@ def _reference_commands(commands: Any) -> None:
     tr.add_argument("--no-finish", dest="finish", action="store_false", help="skip the final measurements, sample grid and model card")
     tr.add_argument("--finish-only", action="store_true", help="only measure the run's weights and write its model card")
     tr.set_defaults(func=_train)
+
+    from .reference.distill import DistillConfig
+
+    dd = DistillConfig()
+    di = commands.add_parser(
+        "distill-reference",
+        help="distil the Flux-style reference model to a 4-step one without CFG (the few-step yardstick)",
+        description="Makes the teacher's trajectories, then trains the student on them (both resumed from --out), and "
+        "writes the model card (tokenmerge.tools.reference.distill says how and why).",
+    )
+    di.add_argument("--out", default=dd.out, help=f"run folder (default: {dd.out})")
+    di.add_argument("--teacher", default=dd.teacher, help="teacher weights (default: the shipped reference-flux)")
+    di.add_argument("--trajectories", type=int, default=dd.trajectories, help="teacher trajectories to distil from")
+    di.add_argument("--hours", type=float, default=dd.hours, help="wall-time budget of this invocation")
+    di.add_argument("--steps", type=int, default=0, help="stop training at this step (default: only the time budget)")
+    di.add_argument("--batch", type=int, default=dd.batch)
+    di.add_argument("--lr", type=float, default=dd.lr)
+    di.add_argument("--seed", type=int, default=dd.seed)
+    di.add_argument("--threads", type=int, default=0)
+    di.add_argument("--no-finish", dest="finish", action="store_false", help="skip the final measurements and model card")
+    di.add_argument("--finish-only", action="store_true", help="only measure the run's weights and write its model card")
+    di.set_defaults(func=_distill)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,21 +125,35 @@ class ReferenceSampler:
     """Samples a reference model: condition = photograph class (seed modulo the number of classes). The video
     model samples clips of ``frames`` frames (default: the frames it is trained on)."""
 
-    def __init__(self, path: str | Path, size: int | None, steps: int, guidance: float, frames: int | None = None) -> None:
-        from .reference.models import VIDEO_FRAMES, ddim_timesteps, load_reference, native_size
+    def __init__(self, path: str | Path, size: int | None, steps: int | None, guidance: float | None, frames: int | None = None) -> None:
+        from .reference.models import VIDEO_FRAMES, load_reference, native_size, sampler_timesteps
 
         self.path = Path(path)
         self.model = load_reference(path)
+        distilled = self.model.sampling
+        if distilled and guidance is not None:
+            raise ValueError(f"--guidance: {self.path.name} is guidance-distilled (sampled without classifier-free guidance)")
+        steps = steps or (distilled["steps"] if distilled else 20)
         self.size, self.steps, self.guidance = size or native_size(self.model.kind), steps, guidance
         self.frames = (frames or VIDEO_FRAMES) if self.model.is_video else 0
         if frames and not self.model.is_video:
             raise ValueError(f"--frames applies to the video reference model only; {self.path.name} is a {self.model.kind} model")
         self.target = self.model.denoiser
-        self.clock = Clock(steps, timesteps=ddim_timesteps(steps))  # the step caches (+fbcache, ...) read the loop's step from it
+        self.clock = Clock(
+            steps, timesteps=sampler_timesteps(self.model, steps)
+        )  # the step caches (+fbcache, ...) read the loop's step from it
 
     def describe(self) -> str:
         clip = f", {self.frames} frames" if self.frames else ""
-        return f"reference model {self.path.name} ({self.model.kind}, {self.model.num_classes} photograph classes), {self.size}x{self.size} px{clip}"
+        loop = (
+            f"{self.steps} distilled steps, no CFG"
+            if self.model.sampling
+            else f"{self.steps} DDIM steps, CFG {3.0 if self.guidance is None else self.guidance:g}"
+        )
+        return (
+            f"reference model {self.path.name} ({self.model.kind}, {self.model.num_classes} photograph classes), "
+            f"{self.size}x{self.size} px{clip}, {loop}"
+        )
 
     def label(self, seed: int) -> int:
         return seed % self.model.num_classes
@@ -159,18 +173,18 @@ class PipelineSampler:
     """Samples a user's diffusers pipeline folder with text prompts (UNet pipelines with DDIM; transformer
     pipelines with their own flow-matching scheduler)."""
 
-    def __init__(self, path: str | Path, size: int | None, steps: int, guidance: float) -> None:
+    def __init__(self, path: str | Path, size: int | None, steps: int | None, guidance: float | None) -> None:
         from diffusers import DDIMScheduler, DiffusionPipeline
 
         self.pipe = DiffusionPipeline.from_pretrained(str(path))
         if "unet" in self.pipe.components:
             self.pipe.scheduler = DDIMScheduler.from_config(self.pipe.scheduler.config)
         self.pipe.set_progress_bar_config(disable=True)
-        self.size, self.steps, self.guidance = size or 512, steps, guidance
+        self.size, self.steps, self.guidance = size or 512, steps or 20, 3.0 if guidance is None else guidance
         self.target = self.pipe
 
     def describe(self) -> str:
-        return f"{type(self.pipe).__name__}, {self.size}x{self.size} px"
+        return f"{type(self.pipe).__name__}, {self.size}x{self.size} px, {self.steps} steps, CFG {self.guidance:g}"
 
     def __call__(self, seed: int) -> np.ndarray:
         out = self.pipe(
@@ -186,14 +200,15 @@ class PipelineSampler:
 
 
 def make_sampler(
-    model: str | None, size: int | None, steps: int, guidance: float, frames: int | None = None
+    model: str | None, size: int | None, steps: int | None, guidance: float | None, frames: int | None = None
 ) -> ReferenceSampler | PipelineSampler:
-    """``model``: None (the default shipped reference model, ``DEFAULT_KIND``), a shipped kind (``unet``, ``sd3``,
-    ``flux``, ``video``), a reference ``.safetensors`` file, or a diffusers pipeline folder.
-    ``size`` None: the reference model's own size (64 px; the video model's 32 px), 512 px for a pipeline."""
-    from .reference.models import DEFAULT_KIND, KINDS, shipped
+    """``model``: None (the default shipped reference model, ``DEFAULT_KIND``), a shipped one (``unet``, ``sd3``,
+    ``flux``, ``video``, ``flux-distilled``), a reference ``.safetensors`` file, or a diffusers pipeline folder.
+    ``size`` None: the reference model's own size (64 px; the video model's 32 px), 512 px for a pipeline; ``steps``
+    and ``guidance`` None: the model's own (20 DDIM steps with CFG 3; a distilled model's steps without CFG)."""
+    from .reference.models import DEFAULT_KIND, SHIPPED, shipped
 
-    if model is None or model in KINDS:
+    if model is None or model in SHIPPED:
         return ReferenceSampler(shipped(model or DEFAULT_KIND), size, steps, guidance, frames)
     if str(model).endswith(".safetensors"):
         return ReferenceSampler(model, size, steps, guidance, frames)
@@ -202,7 +217,7 @@ def make_sampler(
     if Path(model).is_dir():
         return PipelineSampler(model, size, steps, guidance)
     raise FileNotFoundError(
-        f"--model must be one of {', '.join(KINDS)} (a shipped reference model), a reference .safetensors file or a "
+        f"--model must be one of {', '.join(SHIPPED)} (a shipped reference model), a reference .safetensors file or a "
         f"diffusers pipeline folder; got {model!r}"
     )
 

@@ -29,8 +29,7 @@ def matrix(notes: bool = False) -> str:
             ends = [f for f in FRONT_ENDS if f in family.front_ends]
             cells = [_cell(family, m, ends) for m in METHODS]
             if family.comfy is not None:  # ComfyUI's own implementation: its attention override, its block patches
-                routes = ("comfyui-dit", "comfyui-blocks") if family.comfy.blocks is not None else ("comfyui-dit",)
-                ends.append(f"comfyui ({', '.join(methods_on(*routes))})")
+                ends.append(f"comfyui ({', '.join(methods_on(*family.comfy.routes))})")
             cells.append(", ".join(ends))
         row = [family.title, classes, *cells] + ([family.notes] if notes else [])
         lines.append("| " + " | ".join(row) + " |")

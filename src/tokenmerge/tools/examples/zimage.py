@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from . import Example
+from . import ComfyExample, Example
 
 
 def inputs(
@@ -79,3 +79,33 @@ SMALL = {
 
 FAMILY = "z-image"
 EXAMPLES = {"z-image": Example("ZImageTransformer2DModel", CONFIG, SMALL, inputs, 512, first_blocks, output)}
+
+# ComfyUI 0.33's Z-Image: Lumina 2's NextDiT class and image_model, with Z-Image's modulation, and the caption and the
+# image each padded at their end to a multiple of 32 tokens ([caption + pad; image + pad]; model_detection's fields)
+COMFY = ComfyExample(
+    supported="ZImage",
+    unet_config={
+        "image_model": "lumina2",
+        "patch_size": 2,
+        "in_channels": 16,
+        "dim": 256,  # the smallest width Z-Image's modulation allows (its timestep embedding is 256 wide)
+        "cap_feat_dim": 32,
+        "n_layers": 2,
+        "n_heads": 8,
+        "n_kv_heads": 8,
+        "qk_norm": True,
+        "axes_dims": [8, 12, 12],
+        "axes_lens": [1536, 512, 512],
+        "rope_theta": 256.0,
+        "ffn_dim_multiplier": 8.0 / 3.0,
+        "z_image_modulation": True,
+        "time_scale": 1000.0,
+        "pad_tokens_multiple": 32,
+    },
+    context=32,
+    pooled=0,
+    channels=16,
+    video=False,
+    caption_mask=True,
+    since="0.33.0",
+)

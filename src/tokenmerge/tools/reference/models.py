@@ -40,6 +40,9 @@ IMAGE_SIZE = 64
 VIDEO_SIZE = 32  # the video model's frame side in px
 VIDEO_FRAMES = 4
 KINDS = ("unet", "sd3", "flux", "video")
+# Shipped models beyond one per architecture: the Flux-style model distilled to few steps (:mod:`.distill`).
+DISTILLED = ("flux-distilled",)
+SHIPPED = KINDS + DISTILLED
 # What `tokenmerge eval` judges with by default: the UNet v2 architecture, trained at 32 px and finished at the 64 px it is evaluated at.
 DEFAULT_KIND = "unet"
 
@@ -133,6 +136,9 @@ class ReferenceModel(torch.nn.Module):
         dim = _cond_dim(kind)
         self.cond = torch.nn.Embedding(num_classes + 1, COND_TOKENS * dim)  # last row: unconditional
         self.pooled = None if _is_unet(kind) or kind == "video" else torch.nn.Embedding(num_classes + 1, dim)
+        # How a few-step distilled model is sampled (its metadata's "sampling": t_max, steps, guidance None); None:
+        # DDIM with classifier-free guidance.
+        self.sampling: dict[str, Any] | None = None
 
     @property
     def null_class(self) -> int:
@@ -221,6 +227,7 @@ def load_reference(path: str | Path) -> ReferenceModel:
         raise ValueError(f"{path} is a reference model of tokenmerge 0.1 (unet-v1), which this version no longer loads")
     model = ReferenceModel(meta["kind"], int(meta["num_classes"]), json.loads(meta["class_names"]))
     model.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+    model.sampling = json.loads(meta["sampling"]) if "sampling" in meta else None
     return model.eval()
 
 
@@ -234,25 +241,73 @@ def _ddim(steps: int) -> Any:
 
 
 def ddim_timesteps(steps: int) -> tuple[int, ...]:
-    """The timesteps :func:`sample` runs, high noise first."""
+    """The timesteps a DDIM reference model's :func:`sample` runs, high noise first."""
     return tuple(int(t) for t in _ddim(steps).timesteps)
+
+
+def alphas_cumprod() -> torch.Tensor:
+    """ᾱ_t of the training noise schedule, t = 0..TRAIN_TIMESTEPS-1."""
+    from diffusers import DDPMScheduler
+
+    return DDPMScheduler(**scheduler_config()).alphas_cumprod
+
+
+def even_timesteps(steps: int, t_max: int) -> tuple[int, ...]:
+    """``steps`` timesteps from ``t_max`` down in equal strides (the last step goes from the smallest to the clean
+    image): the schedule a distilled model is trained and sampled on (4 steps from 960: 960, 720, 480, 240)."""
+    return tuple(round(t_max * (1 - i / steps)) for i in range(steps))
+
+
+def sampler_timesteps(model: ReferenceModel, steps: int) -> tuple[int, ...]:
+    """The timesteps :func:`sample` runs ``model`` at in ``steps`` steps, high noise first."""
+    return even_timesteps(steps, model.sampling["t_max"]) if model.sampling else ddim_timesteps(steps)
+
+
+def ddim_step(x: torch.Tensor, eps: torch.Tensor, a: torch.Tensor, a_next: torch.Tensor | float, clip: bool = False) -> torch.Tensor:
+    """One deterministic DDIM step (eta 0) from noise level ᾱ = ``a`` to ``a_next`` (1: the clean image) given the
+    predicted noise; ``clip`` clamps the predicted clean image to [-1, 1] as diffusers' ``clip_sample`` does."""
+    a_next = torch.as_tensor(a_next, dtype=x.dtype)
+    x0 = (x - (1 - a).sqrt() * eps) / a.sqrt()
+    if clip:
+        x0 = x0.clamp(-1, 1)
+    return a_next.sqrt() * x0 + (1 - a_next).sqrt() * eps
 
 
 @torch.no_grad()
 def sample(
-    model: ReferenceModel, labels: torch.Tensor, noise: torch.Tensor, steps: int = 20, guidance: float = 3.0, clock: Any = None
+    model: ReferenceModel,
+    labels: torch.Tensor,
+    noise: torch.Tensor,
+    steps: int = 20,
+    guidance: float | None = None,
+    clock: Any = None,
 ) -> torch.Tensor:
-    """DDIM with classifier-free guidance (one batch of 2B: conditional + unconditional), images in [-1, 1].
+    """Sample images in [-1, 1] as the model is meant to be sampled: DDIM with classifier-free guidance (one batch
+    of 2B, conditional + unconditional; ``guidance`` None: 3.0), or, for a few-step distilled model, its own
+    evenly strided timesteps with the guidance distilled in (one batch of B; a ``guidance`` is refused).
 
     The same ``noise`` starts the same trajectory for every variant compared. Clips: ``noise`` (B, 3, F, H, W).
     Each model call runs in the cache context diffusers' step caches need; ``clock`` (:class:`tokenmerge.tools.caches.
     Clock`) is told each step's timestep, for the caches that read it."""
     from ..caches import end_loop, step_context
 
-    scheduler = _ddim(steps)
+    if model.sampling is not None and guidance is not None:
+        raise ValueError(f"guidance: this model is guidance-distilled (sampled without classifier-free guidance), got {guidance}")
+    guidance = 3.0 if guidance is None else guidance
     x = noise.clone()
-    both = torch.cat([labels, torch.full_like(labels, model.null_class)])
     try:
+        if model.sampling is not None:
+            alphas = alphas_cumprod()
+            timesteps = sampler_timesteps(model, steps)
+            for i, t in enumerate(timesteps):
+                if clock is not None:
+                    clock.timestep = float(t)
+                with step_context(model.denoiser):
+                    eps = model(x, torch.tensor(t), labels)
+                x = ddim_step(x, eps, alphas[t], alphas[timesteps[i + 1]] if i + 1 < steps else 1.0)
+            return x.clamp(-1, 1)
+        scheduler = _ddim(steps)
+        both = torch.cat([labels, torch.full_like(labels, model.null_class)])
         for t in scheduler.timesteps:
             if clock is not None:
                 clock.timestep = float(t)
