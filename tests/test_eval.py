@@ -12,7 +12,7 @@ import torch
 
 from tokenmerge.tools.cli import main
 from tokenmerge.tools.evaluate import compare, nearest_class_accuracy
-from tokenmerge.tools.reference.models import KINDS, load_reference, read_metadata, shipped
+from tokenmerge.tools.reference.models import SHIPPED, load_reference, read_metadata, shipped
 from tokenmerge.tools.reference.photos import HELD_OUT, TRAINING, load_photo
 from tokenmerge.tools.reference.train import TrainConfig, train
 from tokenmerge.tools.specs import PatchSpec
@@ -255,7 +255,7 @@ def test_compare_metrics_and_config_parsing():
         PatchSpec.parse("tome:0.5,reuse_steps=0")
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SHIPPED)
 def test_shipped_reference_models_load_and_are_small(kind):
     path = shipped(kind)
     if not path.exists():
@@ -263,6 +263,21 @@ def test_shipped_reference_models_load_and_are_small(kind):
     model = load_reference(path)
     assert model.num_classes >= 8
     assert path.stat().st_size < 20e6
+
+
+def test_the_distilled_model_is_evaluated_at_its_own_steps_without_cfg(tmp_path, capsys):
+    """``eval --model flux-distilled``: its 4 steps and no CFG by default (its metadata), a --guidance refused; the
+    auto default's few-step rule reduces the last half of its steps (read from its calls)."""
+    if not shipped("flux-distilled").exists():
+        pytest.skip("no shipped flux-distilled reference model")
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--model", "flux-distilled", "--seeds", "1", "--no-structure", "--configs", "auto,auto_max_keys=128,auto_min_tokens=256"]
+    assert main([*argv, "--json", str(out)]) == 0
+    assert "4 distilled steps, no CFG" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert rows["meta"]["steps"] == 4 and rows["results"][1]["less_work"] > 1.0
+    with pytest.raises(SystemExit, match="guidance-distilled"):
+        main([*argv, "--guidance", "3"])
 
 
 def test_a_configuration_identical_to_vanilla_summarises_and_plots(tmp_path):

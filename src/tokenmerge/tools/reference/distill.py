@@ -296,7 +296,7 @@ FLUX.2 Klein and Z-Image-Turbo are: the yardstick of what token reduction costs 
   noises (random photograph classes); the student learns one step from the teacher's state at a student timestep
   to its state 4 teacher steps later (2/3 of the segments, the 4-step schedule) or 2 (1/3, the 8-step one), as an
   epsilon MSE (the noise whose DDIM step lands exactly on the teacher's state).
-- Training: {log["step"]} steps, batch {config["batch"]}, AdamW lr {config["lr"]} (warm-up {config["warmup"]}), EMA {config["ema"]}, seed
+- Training: {log["step"]} steps, batch {config["batch"]}, AdamW lr {config["lr"]} (warm-up {config["warmup"]} steps in each of the {len(log["runs"])} invocations), EMA {config["ema"]}, seed
   {config["seed"]}, {log["seconds"] / 3600:.1f} h of wall time for the training steps ({machines}), after
   {trajectory_hours(weights.parent):.1f} h for the teacher's trajectories (from their chunk files' times;
   `tokenmerge distill-reference --out DIR` resumes both).
