@@ -271,7 +271,16 @@ def test_the_distilled_model_is_evaluated_at_its_own_steps_without_cfg(tmp_path,
     if not shipped("flux-distilled").exists():
         pytest.skip("no shipped flux-distilled reference model")
     out = tmp_path / "eval.json"
-    argv = ["eval", "--model", "flux-distilled", "--seeds", "1", "--no-structure", "--configs", "auto,auto_max_keys=128,auto_min_tokens=256"]
+    argv = [
+        "eval",
+        "--model",
+        "flux-distilled",
+        "--seeds",
+        "1",
+        "--no-structure",
+        "--configs",
+        "auto,auto_max_keys=128,auto_min_tokens=256",
+    ]
     assert main([*argv, "--json", str(out)]) == 0
     assert "4 distilled steps, no CFG" in capsys.readouterr().out
     rows = json.loads(out.read_text())
