@@ -428,17 +428,15 @@ def test_zimage_finds_its_image_last_after_the_padded_caption():
     """ComfyUI's Z-Image pads the caption and the image each to a multiple of 32 ([caption + pad; image + pad]): the
     image starts after the padded caption, not after the text length the sampler passed (a wrong start would reduce
     caption padding as image rows, silently)."""
-    from tokenmerge.config import TokenMergeConfig
     from tokenmerge.families import get
-    from tokenmerge.integrations.comfyui_dit import DitKeyValues
 
-    patch = DitKeyValues(TokenMergeConfig(method="todo"), get("z-image").comfy, (2, 2), pad=32)
+    zimage = get("z-image").comfy
     n, text = 7 * 9, 40  # 63 image tokens (+1 pad), 40 caption tokens (+24 pad)
-    assert patch._image_start(64 + 64, n, text) == 64  # the joint layers: after the padded caption
-    assert patch._image_start(64 + 256 + 64, n, text) == 320  # an omni call: references before the image
-    assert patch._image_start(96, 64 * 64, 90) is None  # the caption's refiner (96 = 90 padded)
-    plain = DitKeyValues(TokenMergeConfig(method="todo"), get("lumina2").comfy, (2, 2))
-    assert plain._image_start(40 + 63, n, text) == 40  # Lumina 2: no padding, the image after the caption
+    assert zimage.image_start(64 + 64, n, text, pad=32) == 64  # the joint layers: after the padded caption
+    assert zimage.image_start(64 + 256 + 64, n, text, pad=32) == 320  # an omni call: references before the image
+    assert zimage.image_start(96, 64 * 64, 90, pad=32) is None  # the caption's refiner (96 = 90 padded)
+    plain = get("lumina2").comfy
+    assert plain.image_start(40 + 63, n, text) == 40  # Lumina 2: no padding, the image after the caption
 
 
 def test_a_subclass_with_another_layout_is_not_claimed_by_its_parents_family():

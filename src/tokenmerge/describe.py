@@ -22,7 +22,7 @@ from .hooks import PatchState
 from .methods import BlockFacts
 from .planning import decide, gated
 from .schedules import expert_steps, noise_of, pipeline_timesteps
-from .steps import FEW_STEPS, StepPosition
+from .steps import FEW_STEPS, StepPosition, counts_steps
 
 # Token grid sides beyond this are pixel or latent sizes passed as a grid (4096 px is 512 latent cells on SD).
 MAX_GRID_SIDE = 512
@@ -153,7 +153,7 @@ def _steps(pipe: Any, component: str, config: TokenMergeConfig, steps: int, grid
     if len(reduced) == len(runs):
         return f"{share}reduces all {len(runs)}"
     above = f"at noise above max_noise={config.noise_limit:g}"
-    if config.few_step_share is not None and positions[0].few:  # the few-step rule: the last share of the steps
+    if counts_steps(config, positions[0]):  # the few-step rule: the last share of the steps
         above = f"before the last {config.few_step_share:.0%} of a few-step schedule (at most {FEW_STEPS} steps)"
     if not reduced:
         return f"{share}reduces 0 of {len(runs)}: all {above}"

@@ -13,7 +13,7 @@ import torch
 from .algorithms import hash_ints
 from .config import TokenMergeConfig
 from .methods import IDLE, BlockAction, BlockFacts, idle
-from .steps import StepPosition
+from .steps import StepPosition, counts_steps
 
 _BLOCK_SALT = 0x70E
 # How far above max_noise a call still counts as reduced: half of bfloat16's spacing near 1, so that a timestep the
@@ -44,15 +44,14 @@ def gated(config: TokenMergeConfig, noise: float | None, position: StepPosition 
     its ``noise`` level: above ``max_noise`` (the method's default where unset) by more than :data:`NOISE_TOLERANCE`
     (0.4 admits up to 0.40195: a step at t = 401 of 1000, where DDIM's leading spacing puts one, is reduced); ``None``
     (not read) is never gated."""
-    share = config.few_step_share
-    if share is not None and position is not None and position.few:
-        return not position.in_last(share)
+    if counts_steps(config, position):
+        return not position.in_last(config.few_step_share)
     return noise is not None and config.noise_limit < 1 and noise > config.noise_limit + NOISE_TOLERANCE
 
 
 def gate_reason(config: TokenMergeConfig, position: StepPosition | None) -> str:
     """Why :func:`gated` leaves a call whole, in a few words."""
-    if config.few_step_share is not None and position is not None and position.few:
+    if counts_steps(config, position):
         return f"step {position.index + 1} of a {position.total}-step schedule, before its last {config.few_step_share:.0%}"
     return f"noise level above max_noise={config.noise_limit:g}"
 

@@ -37,9 +37,26 @@ class StepPosition:
     def few(self) -> bool:
         return self.total <= FEW_STEPS
 
+    def first_of_last(self, share: float) -> int:
+        """The index of the first of the last ``share`` of the schedule's steps (at least one step)."""
+        return self.total - max(1, math.ceil(share * self.total - 1e-9))
+
     def in_last(self, share: float) -> bool:
         """Whether this step is among the last ``share`` of the schedule's steps (at least one)."""
-        return self.index >= self.total - max(1, math.ceil(share * self.total - 1e-9))
+        return self.index >= self.first_of_last(share)
+
+
+def counts_steps(config: TokenMergeConfig, position: StepPosition | None) -> bool:
+    """Whether the gate of ``config`` counts steps at this ``position`` (a few-step schedule under a default gate with a
+    few-step rule) instead of reading the noise level."""
+    return config.few_step_share is not None and position is not None and position.few
+
+
+def locate(track: StepTrack, levels: Sequence[float] | None, noise: float) -> StepPosition | None:
+    """A call's position: in the sampler's schedule ``levels`` where they hold its ``noise``, else estimated from the
+    generation's calls (``track`` observes every call, so the estimate stays whole where the schedule goes)."""
+    estimate = track.observe(noise)
+    return (levels and position_in(levels, noise)) or estimate
 
 
 def position_in(levels: Sequence[float], current: float) -> StepPosition | None:
@@ -73,7 +90,7 @@ def estimated(noises: Sequence[float]) -> StepPosition | None:
 def few_step_notice(config: TokenMergeConfig, position: StepPosition, source: str) -> str:
     """What the default gate does on a few-step schedule (said once per patch)."""
     share = config.few_step_share
-    first = position.total - max(1, math.ceil(share * position.total - 1e-9)) + 1
+    first = position.first_of_last(share) + 1
     estimate = "" if position.known else " at least"
     return (
         f"method={config.method!r} reads a schedule of{estimate} {position.total} steps from {source}: a few-step one (at "

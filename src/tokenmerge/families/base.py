@@ -240,9 +240,17 @@ class ComfyModel:
             return tuple(int(v) for v in size)
         return self.patch
 
-    def image_start(self, tokens: int, n: int, text: int) -> int | None:
+    def image_start(self, tokens: int, n: int, text: int, pad: int = 1) -> int | None:
         """Where the ``n`` image tokens start among an attention call's ``tokens`` (None: not there). ``text``: the
-        call's text length as the sampler passed it; a model that adds or pads text tokens has its image last."""
+        call's text length as the sampler passed it; a model that adds or pads text tokens has its image last.
+        ``pad`` (:meth:`pad_of`, Z-Image): the caption and the image are each padded to a multiple of it, the image's
+        padded block last; a call as long as the padded caption is its own refiner (an image-only call of that
+        length is left whole too: the two cannot be told apart)."""
+        if pad > 1:
+            padded = -(-n // pad) * pad
+            if tokens < padded or (text and tokens == -(-text // pad) * pad):
+                return None
+            return tokens - padded
         if tokens < n or (text and tokens == text):  # a text-only self-attention (Lumina's caption refiner)
             return None
         if tokens == n or self.image == "first":

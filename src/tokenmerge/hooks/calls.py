@@ -14,7 +14,7 @@ from ..families.base import Declined
 from ..methods import IDLE, BlockFacts, PlanStore
 from ..notices import warn_at_caller
 from ..planning import decide, gated, noise_level
-from ..steps import StepPosition, few_step_clause, few_step_notice, position_in
+from ..steps import StepPosition, counts_steps, few_step_clause, few_step_notice, locate
 from . import dispatch
 from .parallel import ContextSplit, context_split
 from .sites import keyword_route
@@ -147,7 +147,7 @@ class BeginCall:
     def _notice_gate(self, config: TokenMergeConfig, noise: float | None, position: StepPosition | None) -> None:
         """A call the noise gate leaves whole is said once per patch (auto's default leaves most steps of a flow
         pipeline whole; a few-step schedule is said by :meth:`_position`)."""
-        if position is not None and position.few and config.few_step_share is not None:
+        if counts_steps(config, position):
             return  # said by _position
         if gated(config, noise, position):
             default = few_step_clause(config) if config.max_noise is None else ""
@@ -166,9 +166,7 @@ class BeginCall:
         if noise is None or config.few_step_share is None:
             return None
         patch = self.patch
-        estimate = patch.step_track().observe(noise)  # every call: the estimate stays whole if the scheduler goes
-        levels = patch.scheduled_levels()
-        position = (levels and position_in(levels, noise)) or estimate
+        position = locate(patch.step_track(), patch.scheduled_levels(), noise)
         if position is not None and position.few:
             patch.notice("few steps", few_step_notice(config, position, "the pipeline's scheduler" if position.known else "its calls"))
         return position

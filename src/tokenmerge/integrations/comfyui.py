@@ -37,7 +37,7 @@ from ..families import ldm
 from ..methods import IDLE, BlockFacts, methods_on
 from ..notices import warn_at_caller
 from ..planning import block_key, decide, gated
-from ..steps import StepPosition, StepTrack, few_step_clause, few_step_notice, position_in
+from ..steps import StepPosition, StepTrack, counts_steps, few_step_clause, few_step_notice, locate
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
 _STAGES = {"input": 1, "middle": 2, "output": 3}
@@ -133,10 +133,8 @@ class SharedPatch:
         (:mod:`tokenmerge.steps`). A few-step schedule is said once per patch."""
         if noise is None or self.config.few_step_share is None:
             return None
-        track = self._local.__dict__.setdefault("steps", StepTrack())
-        estimate = track.observe(noise)
         levels = comfy_levels(model_sampling, options.get("sample_sigmas") if isinstance(options, dict) else None)
-        position = (levels and position_in(levels, noise)) or estimate
+        position = locate(self._local.__dict__.setdefault("steps", StepTrack()), levels, noise)
         if position is not None and position.few and not self._few_noticed:
             self._few_noticed = True
             source = "the sampler's sigmas" if position.known else "its steps"
@@ -145,7 +143,7 @@ class SharedPatch:
 
     def notice_gate(self, noise: float | None, position: StepPosition | None) -> None:
         """A step the noise gate leaves whole is said once per patch (a few-step schedule is said apart)."""
-        if self._gate_noticed or (self.config.few_step_share is not None and position is not None and position.few):
+        if self._gate_noticed or counts_steps(self.config, position):
             return
         if gated(self.config, noise, position):
             self._gate_noticed = True

@@ -67,11 +67,8 @@ class DitPatch(SharedPatch):
     ``APPLY_MODEL`` wrapper that reads each call's grid and text length for the patches running inside it (per
     thread: the override and block patches see only their own arguments)."""
 
-    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], pad: int = 1) -> None:
+    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...]) -> None:
         self.config, self.model, self.patch = config, model, patch
-        # Z-Image (NextDiT with pad_tokens_multiple): the caption and the image are each padded at their end to a
-        # multiple of this, and the image comes last: [caption + pad; image + pad]
-        self.pad = pad
         self._local = threading.local()
         self._said: set[str] = set()
 
@@ -125,8 +122,9 @@ class DitKeyValues(DitPatch):
     def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None, pad: int = 1) -> None:
         if not config.method_of.reduces_keys or "comfyui-dit" not in config.method_of.routes:
             raise ValueError(f"DitKeyValues reduces keys and values (a key/value method), got method={config.method!r}")
-        super().__init__(config, model, patch, pad)
+        super().__init__(config, model, patch)
         self.previous = previous
+        self.pad = pad  # ComfyModel.pad_of the instance (Z-Image: 32)
 
     def apply_model(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None, *args: Any, **kwargs: Any):
         # args: (control, transformer_options), as ComfyUI's BaseModel.apply_model passes them
@@ -158,17 +156,6 @@ class DitKeyValues(DitPatch):
             return previous(func, *args, **kwargs)
         return func(*args, **kwargs)
 
-    def _image_start(self, tokens: int, n: int, text: int) -> int | None:
-        """Where the image tokens start in an attention call of ``tokens``: the model's rule, or, where the model pads
-        each part to a multiple (Z-Image), the image's padded block last; none in a call as long as the padded caption
-        (its own refiner; an image-only call of that length is left whole too: the two cannot be told apart)."""
-        if self.pad <= 1:
-            return self.model.image_start(tokens, n, text)
-        padded = -(-n // self.pad) * self.pad
-        if tokens < padded or (text and tokens == -(-text // self.pad) * self.pad):
-            return None
-        return tokens - padded
-
     def _reduce(self, call: DitCall, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
         q, k, v = args[:3]
         heads_first = bool(kwargs.get("skip_reshape", False))  # (B, H, S, D); else (B, S, H * D)
@@ -176,7 +163,7 @@ class DitKeyValues(DitPatch):
         n, s_q, s_k = call.grid.numel, q.shape[seq], k.shape[seq]
         if s_k != s_q or s_k < n:  # cross-attention (keys = text or image-embedding tokens), or not this grid
             return None
-        start = self._image_start(s_k, n, call.text)
+        start = self.model.image_start(s_k, n, call.text, self.pad)
         if start is None:
             self._warn("layout", f"its attention has {s_k} tokens, where a {call.grid} grid and {call.text} text tokens do not fit")
             return None

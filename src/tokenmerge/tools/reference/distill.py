@@ -23,7 +23,6 @@ import itertools
 import json
 import os
 import platform
-import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from .models import (
     save_reference,
     shipped,
 )
+from .train import Run
 
 T_MAX = 960  # the first timestep: as DDIM's 20-step schedule starts at 950, where the image is all but pure noise
 TEACHER_STEPS = 16
@@ -151,66 +151,21 @@ def distill(cfg: DistillConfig, log=print) -> Path:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     g = torch.Generator().manual_seed(cfg.seed)
     log_data = {"config": asdict(cfg), "teacher": teacher_path.name, "losses": [], "seconds": 0.0, "step": 0, "runs": []}
-    checkpoint = out / "checkpoint.pt"
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        model.load_state_dict(state["model"])
-        ema.load_state_dict(state["ema"])
-        optimizer.load_state_dict(state["optimizer"])
-        g.set_state(state["generator"])
-        log_data = state["log"]
-        log(f"resumed {checkpoint} at step {log_data['step']}")
+    run = Run(out, model, ema, optimizer, g, log_data, cfg.checkpoint_minutes, cfg.log_every, log)
+    if run.resume():
+        log_data = run.log_data
     machine = f"{platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
     log_data["runs"].append({"from_step": log_data["step"], "machine": machine, "trajectories": len(states)})
-
-    def save() -> None:
-        log_data["seconds"] += time.monotonic() - save.since
-        save.since = time.monotonic()
-        state = {
-            "model": model.state_dict(),
-            "ema": ema.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "generator": g.get_state(),
-            "log": log_data,
-        }
-        torch.save(state, checkpoint.with_suffix(".tmp"))
-        checkpoint.with_suffix(".tmp").replace(checkpoint)
-        (out / "training.json").write_text(json.dumps(log_data, indent=1))
-
-    save.since = time.monotonic()
-    stop = {"now": False}
-    previous = {s: signal.signal(s, lambda *_: stop.update(now=True)) for s in (signal.SIGINT, signal.SIGTERM)}
-    next_checkpoint = time.monotonic() + cfg.checkpoint_minutes * 60
-    running, counted, started = 0.0, 0, log_data["step"]
+    started = log_data["step"]
     model.train()
-    try:
-        while log_data["step"] < cfg.steps and time.monotonic() < deadline and not stop["now"]:
+    with run.steps():
+        while log_data["step"] < cfg.steps and time.monotonic() < deadline and not run.stopped:
             step = log_data["step"]
             x, t, y, target = segment_batch(states, labels, cfg.batch, g)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * min(1.0, (step - started + 1) / cfg.warmup)
-            loss = F.mse_loss(model(x, t, y), target)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            with torch.no_grad():
-                for pe, pm in zip(ema.parameters(), model.parameters()):
-                    pe.lerp_(pm, 1 - cfg.ema)
-            log_data["step"] = step = step + 1
-            running, counted = running + loss.item(), counted + 1
-            if step % cfg.log_every == 0:
-                elapsed = log_data["seconds"] + time.monotonic() - save.since
-                log_data["losses"].append([step, running / counted, round(elapsed)])
-                log(f"step {step}  loss {running / counted:.4f}  {elapsed / 60:.1f} min", flush=True)
-                running, counted = 0.0, 0
-            if time.monotonic() > next_checkpoint:
-                save()
-                next_checkpoint = time.monotonic() + cfg.checkpoint_minutes * 60
-    finally:
-        save()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+            run.update(F.mse_loss(model(x, t, y), target), cfg.ema)
+            run.checkpoint_due()
     weights = out / "reference-flux-distilled.safetensors"
     sampling = {"t_max": T_MAX, "steps": 4, "guidance": None, "teacher": teacher_path.name, "teacher_steps": TEACHER_STEPS}
     save_reference(ema, weights, {"steps": log_data["step"], "seed": cfg.seed, "sampling": sampling, "log": log_data})

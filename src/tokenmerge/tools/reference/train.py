@@ -15,11 +15,13 @@ optimiser starts afresh with its own warm-up, and the data stream is seeded from
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -124,6 +126,92 @@ def start_from_weights(cfg: TrainConfig, model: ReferenceModel, ema: ReferenceMo
     return log_data
 
 
+class Run:
+    """The resumable state of a training run in a folder, shared by ``train-reference`` and ``distill-reference``:
+    model, EMA, optimiser, data generator and log, checkpointed atomically as ``checkpoint.pt`` (the log beside it as
+    ``training.json``) every ``checkpoint_minutes`` and when the run ends or is stopped by SIGINT / SIGTERM; the wall
+    time between saves adds to the log's ``seconds``; one optimiser step with the EMA update and the loss log."""
+
+    def __init__(
+        self, out: Path, model, ema, optimizer, generator: torch.Generator, log_data: dict, checkpoint_minutes: float, log_every: int, log
+    ) -> None:
+        self.out, self.path = out, out / "checkpoint.pt"
+        self.model, self.ema, self.optimizer, self.generator = model, ema, optimizer, generator
+        self.log_data, self.checkpoint_minutes, self.log_every, self.log = log_data, checkpoint_minutes, log_every, log
+        self.running, self.counted = 0.0, 0  # the loss since the last log line (fewer steps after a resume)
+        self.stopped = False
+
+    def resume(self) -> bool:
+        """Load the folder's checkpoint, if it holds one."""
+        if not self.path.exists():
+            return False
+        state = torch.load(self.path, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.ema.load_state_dict(state["ema"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.log_data = state["log"]
+        self.log(f"resumed {self.path} at step {self.log_data['step']}")
+        return True
+
+    def save(self) -> None:
+        self.log_data["seconds"] += time.monotonic() - self.since
+        self.since = time.monotonic()
+        state = {
+            "model": self.model.state_dict(),
+            "ema": self.ema.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "log": self.log_data,
+        }
+        torch.save(state, self.path.with_suffix(".tmp"))
+        self.path.with_suffix(".tmp").replace(self.path)
+        (self.out / "training.json").write_text(json.dumps(self.log_data, indent=1))
+
+    @contextlib.contextmanager
+    def steps(self) -> Iterator[None]:
+        """Around the training loop: the wall-time clock starts, SIGINT / SIGTERM set :attr:`stopped`, and the end
+        (or an error) saves a checkpoint before the signal handlers are restored."""
+        self.since = time.monotonic()
+        self.next_checkpoint = time.monotonic() + self.checkpoint_minutes * 60
+
+        def request_stop(signum, frame):
+            self.stopped = True
+
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            self.save()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def update(self, loss: torch.Tensor, decay: float) -> int:
+        """One optimiser step on ``loss`` (gradients clipped to norm 1), the EMA moved by ``1 - decay``, the step
+        counted and the mean loss logged every ``log_every`` steps; returns the new step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        with torch.no_grad():
+            for pe, pm in zip(self.ema.parameters(), self.model.parameters()):
+                pe.lerp_(pm, 1 - decay)
+        self.log_data["step"] = step = self.log_data["step"] + 1
+        self.running, self.counted = self.running + loss.item(), self.counted + 1
+        if step % self.log_every == 0:
+            elapsed = self.log_data["seconds"] + time.monotonic() - self.since
+            self.log_data["losses"].append([step, self.running / self.counted, round(elapsed)])
+            self.log(f"step {step}  loss {self.running / self.counted:.4f}  {elapsed / 60:.1f} min", flush=True)
+            self.running, self.counted = 0.0, 0
+        return step
+
+    def checkpoint_due(self) -> None:
+        """Save a checkpoint if ``checkpoint_minutes`` have passed since the last one."""
+        if time.monotonic() > self.next_checkpoint:
+            self.save()
+            self.next_checkpoint = time.monotonic() + self.checkpoint_minutes * 60
+
+
 def train(cfg: TrainConfig, log=print) -> Path:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -140,18 +228,12 @@ def train(cfg: TrainConfig, log=print) -> Path:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     g = torch.Generator().manual_seed(cfg.seed)
     log_data = {"config": asdict(cfg), "photos": names, "losses": [], "structure": [], "seconds": 0.0, "step": 0}
-    checkpoint = out / "checkpoint.pt"
-    from_weights = not checkpoint.exists() and bool(cfg.init_from)  # --init-from only starts a run folder
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        model.load_state_dict(state["model"])
-        ema.load_state_dict(state["ema"])
-        optimizer.load_state_dict(state["optimizer"])
-        g.set_state(state["generator"])
-        log_data = state["log"]
-        log(f"resumed {checkpoint} at step {log_data['step']}")
+    run = Run(out, model, ema, optimizer, g, log_data, cfg.checkpoint_minutes, cfg.log_every, log)
+    from_weights = not run.path.exists() and bool(cfg.init_from)  # --init-from only starts a run folder
+    if run.resume():
+        log_data = run.log_data
     elif from_weights:
-        log_data = start_from_weights(cfg, model, ema, g)
+        log_data = run.log_data = start_from_weights(cfg, model, ema, g)
         log(f"continuing from the weights in {cfg.init_from} at step {log_data['step']} (fresh optimiser)")
     # Where each invocation ran, for the card's wall-time figure (a resumed run may run elsewhere).
     machine = f"{platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
@@ -168,33 +250,10 @@ def train(cfg: TrainConfig, log=print) -> Path:
 
     alphas = DDPMScheduler(**scheduler_config()).alphas_cumprod
     held_out = held_out_batch(native_size(cfg.kind), frames=frames and VIDEO_FRAMES) if cfg.structure_every else None
-
-    def save() -> None:
-        log_data["seconds"] += time.monotonic() - save.since
-        save.since = time.monotonic()
-        state = {
-            "model": model.state_dict(),
-            "ema": ema.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "generator": g.get_state(),
-            "log": log_data,
-        }
-        torch.save(state, checkpoint.with_suffix(".tmp"))
-        checkpoint.with_suffix(".tmp").replace(checkpoint)
-        (out / "training.json").write_text(json.dumps(log_data, indent=1))
-
-    save.since = time.monotonic()
-    stop = {"now": False}
-
-    def request_stop(signum, frame):
-        stop["now"] = True
-
-    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     deadline = time.monotonic() + cfg.hours * 3600
-    next_checkpoint = time.monotonic() + cfg.checkpoint_minutes * 60
-    running, counted, started_step = 0.0, 0, log_data["step"]  # counted: steps in `running` (fewer after a resume)
-    try:
-        while log_data["step"] < cfg.steps and time.monotonic() < deadline and not stop["now"]:
+    started_step = log_data["step"]
+    with run.steps():
+        while log_data["step"] < cfg.steps and time.monotonic() < deadline and not run.stopped:
             step = log_data["step"]
             if frames:
                 x0, labels = random_clips(images, cfg.batch, frames, res, g, scale=CLIP_SCALE)
@@ -208,21 +267,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * min(1.0, (step - log_data.get("optimizer_from", 0) + 1) / cfg.warmup)
             loss = F.mse_loss(model(xt, t, labels), noise)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            with torch.no_grad():
-                decay = min(cfg.ema, (1 + step) / (10 + step))
-                for pe, pm in zip(ema.parameters(), model.parameters()):
-                    pe.lerp_(pm, 1 - decay)
-            log_data["step"] = step = step + 1
-            running, counted = running + loss.item(), counted + 1
-            if step % cfg.log_every == 0:
-                elapsed = log_data["seconds"] + time.monotonic() - save.since
-                log_data["losses"].append([step, running / counted, round(elapsed)])
-                log(f"step {step}  loss {running / counted:.4f}  {elapsed / 60:.1f} min", flush=True)
-                running, counted = 0.0, 0
+            step = run.update(loss, min(cfg.ema, (1 + step) / (10 + step)))
             if held_out is not None and step % cfg.structure_every == 0:
                 ema.eval()
                 curve = structure_of(ema, held_out, (500,))
@@ -232,13 +277,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
                     f"step {step}  held-out attention at t=500: entropy {curve[0]['entropy']:.3f}, distance {curve[0]['distance_ratio']:.2f}x uniform{in_time}",
                     flush=True,
                 )
-            if time.monotonic() > next_checkpoint:
-                save()
-                next_checkpoint = time.monotonic() + cfg.checkpoint_minutes * 60
-    finally:
-        save()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+            run.checkpoint_due()
     weights = out / f"reference-{cfg.kind}.safetensors"
     save_reference(ema, weights, {"steps": log_data["step"], "train_res": res, "seed": cfg.seed, "log": log_data})
     log(f"saved {weights} at step {log_data['step']} ({log_data['step'] - started_step} steps this run)")
