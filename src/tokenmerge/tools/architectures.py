@@ -84,18 +84,24 @@ def unet_config(name: str, small: bool = False) -> dict[str, Any]:
 
 
 def build_model(
-    name: str, small: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32, blocks: int | None = None
+    name: str,
+    small: bool = False,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    blocks: int | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> torch.nn.Module:
     """The diffusers model of ``name`` (a UNet or a transformer) with seeded random weights; ``blocks`` keeps
     only a transformer's first blocks (as its family's example says: Flux.1 keeps that many double-stream and
-    twice as many single-stream blocks)."""
+    twice as many single-stream blocks); ``overrides``: config keys of another published model of the same
+    architecture (FLUX.2 [klein]'s widths on Flux.2's example)."""
     if name in UNETS:
-        if blocks is not None:
-            raise ValueError(f"blocks applies to transformers ({', '.join(TRANSFORMERS)}), not to UNets")
+        if blocks is not None or overrides:
+            raise ValueError(f"blocks and overrides apply to transformers ({', '.join(TRANSFORMERS)}), not to UNets")
         return build_unet(name, small, seed, dtype)
     import diffusers
 
-    config = unet_config(name, small)
+    config = {**unet_config(name, small), **(overrides or {})}
     example = examples()[name][1]
     if blocks is not None:
         if example.blocks is None:

@@ -40,6 +40,7 @@ from .architectures import (
     transformer_inputs,
     unet_inputs,
 )
+from .distilled import Schedule, family_pipeline, image_tokens, schedule_named
 from .examples import examples
 from .progress import progress_bar, wait_while_paused
 from .specs import PatchSpec, available
@@ -210,17 +211,29 @@ def _sampled(pipe: Any, spec: PatchSpec | None, defaults: dict[str, Any], steps:
 
 
 def _looped(
-    net: torch.nn.Module, name: str, spec: PatchSpec | None, defaults: dict[str, Any], clock: Any
+    net: torch.nn.Module, name: str, spec: PatchSpec | None, defaults: dict[str, Any], clock: Any, plan: Schedule | None = None
 ) -> Callable[[dict[str, Any]], torch.Tensor]:
     """One whole flow-matching loop of a transformer (:func:`tokenmerge.tools.loops.flow_loop`) with the spec and its
-    step caches on."""
+    step caches on; with a published few-step ``plan``, at its scheduler's sigmas, the spec patching the family's
+    pipeline around the transformer and that scheduler (where the few-step rule reads the schedule)."""
     from .loops import flow_loop
 
-    def sample(inputs: dict[str, Any]) -> torch.Tensor:
-        with contextlib.nullcontext() if spec is None else spec.applied(net, clock=clock, **defaults):
-            return flow_loop(net, name, inputs, clock)
+    if plan is None:
 
-    return sample
+        def sample(inputs: dict[str, Any]) -> torch.Tensor:
+            with contextlib.nullcontext() if spec is None else spec.applied(net, clock=clock, **defaults):
+                return flow_loop(net, name, inputs, clock)
+
+        return sample
+    scheduler = plan.scheduler_for()
+    pipe = family_pipeline(net, scheduler)
+
+    def scheduled(inputs: dict[str, Any]) -> torch.Tensor:
+        plan.set_timesteps(scheduler, image_tokens(inputs))
+        with contextlib.nullcontext() if spec is None else spec.applied(pipe, clock=clock, **defaults):
+            return flow_loop(net, name, inputs, clock, scheduler.sigmas.tolist())
+
+    return scheduled
 
 
 COMPILE_MODES = ("model", "blocks")
@@ -357,14 +370,26 @@ def run_bench(
     blocks: int | None = None,
     steps: int = 0,
     frames: tuple[int, ...] = (),
+    schedule: str | None = None,
     log: Callable[[str], None] = print,
 ) -> list[Row]:
     """The diffusers model of ``model``: vanilla and each spec (default: :func:`default_specs`), one forward per
     variant, or (``steps`` > 0, UNets) one whole sampling loop of that many steps per variant, where specs may
     combine tokenmerge with accelerators that work across steps (``auto+deepcache``). Sizes are px, square or
     ``(height, width)``; a video model runs each size at each of ``frames`` (video frames; default: its
-    pipeline's)."""
+    pipeline's). ``schedule``: a published few-step model's (:mod:`tokenmerge.tools.distilled`): its transformer's
+    config, its steps and its pipeline's sigmas."""
     wanted = default_specs(model=model) if specs is None else specs
+    plan = None
+    if schedule is not None:
+        plan = schedule_named(schedule)
+        if model != plan.model:
+            raise ValueError(f"--schedule {schedule} runs on the {plan.model} architecture, not {model}")
+        if steps not in (0, plan.steps):
+            raise ValueError(f"--schedule {schedule} samples in {plan.steps} steps, not {steps}")
+        if any(s.accelerators for s in wanted):
+            raise ValueError(f"--schedule {schedule}: a few-step loop times token reduction alone (a step cache has no steps to skip)")
+        steps = plan.steps
     if model in TRANSFORMERS and any(s.method == "tomesd" for s in wanted):
         raise ValueError(f"tomesd does not support {model} (it patches UNet BasicTransformerBlocks only); drop the tomesd rows")
     if any(s.accelerators for s in wanted) and not steps:
@@ -384,7 +409,8 @@ def run_bench(
     if len(specs) < len(wanted):
         log("tomesd is not installed: its rows are left out (pip install tomesd==0.1.3)")
     started = time.perf_counter()
-    net = build_model(model, small=small, seed=seed, dtype=dtype, blocks=blocks).to(device)
+    overrides = plan.overrides if plan is not None and not small else None
+    net = build_model(model, small=small, seed=seed, dtype=dtype, blocks=blocks, overrides=overrides).to(device)
     log(f"built {describe_model(model, small, blocks)} with random weights in {time.perf_counter() - started:.1f} s")
     defaults: dict[str, Any] = {"seed": seed}
     if model in UNETS:
@@ -397,8 +423,8 @@ def run_bench(
         from .caches import Clock
 
         clock = Clock(steps)
-        variants = [Variant("vanilla" + suffix, _looped(net, model, None, defaults, clock))]
-        variants += [Variant(s.name + suffix, _looped(net, model, s, defaults, clock)) for s in specs]
+        variants = [Variant("vanilla" + suffix, _looped(net, model, None, defaults, clock, plan))]
+        variants += [Variant(s.name + suffix, _looped(net, model, s, defaults, clock, plan)) for s in specs]
     elif steps:
         from .pipelines import latent_pipeline
 

@@ -15,6 +15,7 @@ import torch
 
 from ..config import DEFAULTS
 from .architectures import BENCH_NOISE, TRANSFORMERS, UNETS
+from .distilled import SCHEDULES
 from .progress import progress_bar
 
 
@@ -24,6 +25,9 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.schedule:
+        _few_step_defaults(args)
+    args.model, args.sizes, args.batch = args.model or "sd15", args.sizes or [768], args.batch or 2
     common = dict(sizes_px=tuple(args.sizes), batch=args.batch, repeats=args.repeats, seed=args.seed, small=args.small)
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     if args.cp:
@@ -72,6 +76,7 @@ def _bench(args: argparse.Namespace) -> int:
                 blocks=args.blocks,
                 steps=args.steps,
                 frames=tuple(args.frames),
+                schedule=args.schedule,
                 log=log,
             )
         except ValueError as error:
@@ -79,7 +84,9 @@ def _bench(args: argparse.Namespace) -> int:
         label = (
             f"{describe_model(args.model, args.small, args.blocks)}, {args.dtype}{f', compiled ({args.compile})' if args.compile else ''}"
         )
-        if args.steps and args.model in UNETS:
+        if args.schedule:
+            label += f", whole sampling loops of {args.schedule}'s {args.steps} steps (its pipeline's scheduler, no CFG)"
+        elif args.steps and args.model in UNETS:
             label += f", whole sampling loops of {args.steps} DDIM steps (CFG)"
         elif args.steps:
             label += f", whole sampling loops of {args.steps} flow-matching Euler steps"
@@ -95,6 +102,27 @@ def _bench(args: argparse.Namespace) -> int:
     if args.plot:
         plot_speedups(rows, args.plot, f"{label}, batch {args.batch}, {args.device}")
     return 0
+
+
+def _few_step_defaults(args: argparse.Namespace) -> None:
+    """--schedule NAME: the published few-step model's architecture, steps, default size and one call per step (no
+    CFG) where not given; a conflicting --model or --steps is an error."""
+    from .distilled import schedule_named
+
+    try:
+        plan = schedule_named(args.schedule)
+    except ValueError as error:
+        raise SystemExit(f"tokenmerge bench: error: --schedule: {error}") from error
+    if args.model not in (None, plan.model) or args.steps not in (0, plan.steps) or args.comfyui or args.cp:
+        raise SystemExit(
+            f"tokenmerge bench: error: --schedule {args.schedule} runs {plan.model} in {plan.steps} diffusers steps; drop --model/--steps/--comfyui/--cp"
+        )
+    args.model, args.steps, args.batch = plan.model, plan.steps, args.batch or 1
+    if not args.sizes:
+        size = plan.size
+        args.sizes = [size if isinstance(size, int) else size[:2]]
+        if not isinstance(size, int) and not args.frames:
+            args.frames = [size[2]]
 
 
 def _bench_context_parallel(args: argparse.Namespace) -> int:
@@ -349,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
         "times one forward per variant, interleaved with the order rotated every round, reporting medians with their "
         "range, speed-up, the share of time in image attention, and fidelity to vanilla.",
     )
-    bench.add_argument("--model", choices=(*UNETS, *TRANSFORMERS), default="sd15")
+    bench.add_argument("--model", choices=(*UNETS, *TRANSFORMERS), help="the architecture (default sd15)")
     bench.add_argument(
         "--blocks",
         type=int,
@@ -361,8 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sizes",
         type=_positive_size,
         nargs="+",
-        default=[768],
-        help="image sizes in px (latent = px/8), or height x width for video models; default 768, where on a 2-core CPU the speed-ups stand clear of the timing noise "
+        help="image sizes in px (latent = px/8), or height x width for video models; default 768 (a --schedule's model: its "
+        "pipeline's default size), where on a 2-core CPU the speed-ups stand clear of the timing noise "
         "(at 512 px image attention is a sixth of the time and they do not)",
     )
     bench.add_argument(
@@ -373,7 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="video models: video frames (e.g. 33 81; default: the pipeline's), each at every size (sizes may then be "
         "height x width, e.g. 480x832)",
     )
-    bench.add_argument("--batch", type=int, default=2, help="batch size (2 = one image with classifier-free guidance)")
+    bench.add_argument(
+        "--batch", type=int, help="batch size (default 2 = one image with classifier-free guidance; a --schedule's model: 1, no CFG)"
+    )
     bench.add_argument(
         "--repeats", type=int, default=2, help="timed forwards per variant and size after one warm-up (0: time the warm-up itself)"
     )
@@ -392,6 +422,12 @@ def build_parser() -> argparse.ArgumentParser:
         "flow-matching Euler); variants may then add accelerators: a UNet's auto+deepcache, tome:0.5+freeu, "
         "slicing; a transformer's step caches auto+fbcache, tome:0.5+taylorseer, magcache, fastercache, pab, "
         "dbcache (cache-dit; dbcache-nocal: without its calibrator) (default 0: one forward)",
+    )
+    bench.add_argument(
+        "--schedule",
+        choices=tuple(SCHEDULES),
+        help="whole loops of a published few-step model: its transformer's config, steps, default size and its pipeline's "
+        "sigmas, the variants patching the family's pipeline around it (where auto's few-step rule reads the schedule)",
     )
     bench.add_argument("--ratio", type=float, default=DEFAULTS.ratio, help="ratio of the default tomesd/tome rows and of --comfyui")
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
