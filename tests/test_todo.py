@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tokenmerge
-from tokenmerge.algorithms import TokenGrid, downsample_tokens
+from tokenmerge.algorithms import TokenGrid, downsample_tokens, reduce_keys_values
 from tokenmerge.integrations.comfyui import TokenMergeNode
 from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
 
@@ -63,6 +63,23 @@ def test_downsample_tokens_shapes(h, w, factor):
     assert out.shape == (2, -(-h // factor) * -(-w // factor), 5)
     if factor == 1:
         assert out is x
+
+
+@pytest.mark.parametrize("mode", ["nearest-exact", "bilinear", "area"])
+def test_grouped_query_keys_are_reduced_in_every_layout_alike(mode):
+    """Keys and values with fewer heads than the queries (ComfyUI passes enable_gqa on): 3 text tokens then a 6x4
+    image grid, 2 key heads of 5 channels (10 channels: no multiple of a query head count such as 4), reduced alike
+    as (B, H, S, D), as (B, S, H, D) and merged as (B, S, H * D); the text keys stay in place."""
+    grid, text = TokenGrid((6, 4)), 3
+    k, v = torch.randn(2, 2, text + grid.numel, 5), torch.randn(2, 2, text + grid.numel, 5)
+    first = reduce_keys_values(k, v, None, text, grid, (2, 2), mode)
+    split = reduce_keys_values(k.transpose(1, 2), v.transpose(1, 2), None, text, grid, (2, 2), mode, dim=1)
+    merged = reduce_keys_values(k.transpose(1, 2).flatten(2), v.transpose(1, 2).flatten(2), None, text, grid, (2, 2), mode, dim=1)
+    for a, b, c in zip(first[:2], split[:2], merged[:2]):
+        assert a.shape == (2, 2, text + 6, 5)
+        torch.testing.assert_close(b.transpose(1, 2), a)
+        torch.testing.assert_close(c, a.transpose(1, 2).flatten(2))
+    torch.testing.assert_close(first[0][:, :, :text], k[:, :, :text])
 
 
 @pytest.mark.parametrize(

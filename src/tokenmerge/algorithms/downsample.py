@@ -89,7 +89,6 @@ def reduce_keys_values(
     mode: str,
     *,
     dim: int = -2,
-    heads: int | None = None,
     columns: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
     """The one key/value reduction of every route (diffusers' SDPA and dispatch backends, ComfyUI's attention
@@ -97,7 +96,8 @@ def reduce_keys_values(
     token (text, references) in place, and the mask's key columns with them.
 
     ``dim``: the sequence axis of ``key`` / ``value``: -2 for (B, H, S, D), 1 for (B, S, H * D) or (B, S, H, D)
-    (``heads`` splits a merged (B, S, H * D) for interpolating modes). ``columns``: the positions to keep, where they
+    (interpolation acts on each channel alone, so a merged (B, S, H * D) needs no head count: keys and values with
+    fewer heads than the queries, grouped-query attention, are reduced as they come). ``columns``: the positions to keep, where they
     are given (a rank's share of the whole grid's selection, under sequence parallelism); else nearest modes select
     :func:`kept_columns` and the others interpolate. ``None`` where a mask over the keys is set and ``mode`` does not
     select (an interpolated key has no column to keep): the attention then stays whole."""
@@ -113,9 +113,9 @@ def reduce_keys_values(
         return key.index_select(dim, columns), value.index_select(dim, columns), mask
 
     def interpolate(t: torch.Tensor) -> torch.Tensor:
-        if dim % t.ndim == t.ndim - 2:  # (B, H, S, D)
+        if t.ndim == 4 and dim % 4 == 2:  # (B, H, S, D)
             return downsample_keys(t, start, grid, factors, mode)
-        split = t if t.ndim == 4 else t.view(t.shape[0], t.shape[1], heads, -1)  # (B, S, H, D)
+        split = t if t.ndim == 4 else t.unsqueeze(2)  # (B, S, H, D); a merged (B, S, C) as one head of C channels
         reduced = downsample_keys(split.transpose(1, 2), start, grid, factors, mode).transpose(1, 2)
         return reduced if t.ndim == 4 else reduced.reshape(t.shape[0], -1, t.shape[-1])
 

@@ -174,9 +174,9 @@ class DitKeyValues(DitPatch):
         positional = len(args) > 4  # q, k, v, heads, mask (Qwen-Image, Lumina 2)
         mask = args[4] if positional else kwargs.get("mask")
         mask = mask if isinstance(mask, torch.Tensor) else None
-        # q/k/v arrive as (B, H, S, D) (skip_reshape), (B, S, H*D) or, SD3's values, (B, S, H, D)
-        heads = args[3] if len(args) > 3 else kwargs.get("heads")
-        found = reduce_keys_values(k, v, mask, start, call.grid, call.action.kv_factors, mode, dim=seq, heads=heads)
+        # q/k/v arrive as (B, H, S, D) (skip_reshape), (B, S, H*D) or, SD3's values, (B, S, H, D); keys and values may
+        # have fewer heads than the queries (enable_gqa, passed on with every other keyword)
+        found = reduce_keys_values(k, v, mask, start, call.grid, call.action.kv_factors, mode, dim=seq)
         if found is None:
             self._warn("mask", f"an attention mask is set and kv_interpolation={mode!r} is not nearest: keys kept whole")
             return None
