@@ -440,13 +440,14 @@ def test_zimage_finds_its_image_last_after_the_padded_caption():
 
 
 def test_a_subclass_with_another_layout_is_not_claimed_by_its_parents_family():
-    """LTX-2's ComfyUI class (``LTXAVModel``, video and audio in one latent) subclasses LTX-Video's: its layout is not
-    LTX-Video's, so the node does not guess it (the model runs unchanged with the unknown-model notice)."""
+    """LTX-2's ComfyUI class (``LTXAVModel``, video and audio in one packed latent) subclasses LTX-Video's: it is read
+    by its own layout (the video stream), never by LTX-Video's through the MRO (``excludes``), which would take the
+    packed latent for a video grid."""
     from tokenmerge.families import comfy_model_of
 
     LTXVModel = type("LTXVModel", (object,), {})
     LTXAVModel = type("LTXAVModel", (LTXVModel,), {})
     VaceWanModel = type("VaceWanModel", (type("WanModel", (object,), {}),), {})
     assert comfy_model_of(LTXVModel()).title == "LTX-Video"
-    assert comfy_model_of(LTXAVModel()) is None
+    assert comfy_model_of(LTXAVModel()).title == "LTX-2" and "LTXAVModel" in get_family("ltx").comfy.excludes
     assert comfy_model_of(VaceWanModel()).title.startswith("Wan")  # a subclass of the same layout is claimed

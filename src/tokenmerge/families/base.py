@@ -168,7 +168,7 @@ class DenoiserLayout:
 
 
 # -- readers of a call's token layout -----------------------------------------------------------------------------
-IMAGE_PLACES = ("after_text", "first", "last")
+IMAGE_PLACES = ("after_text", "first", "last", "alone")
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,9 @@ class ComfyModel:
     # (height, width) or (frames, height, width) latent cells per token, where the model has no ``patch_size`` of its
     # own (the node reads the instance's first: Flux.2's 1x1 patches are the same class as Flux.1's 2x2)
     patch: tuple[int, ...] = (2, 2)
-    image: str = "after_text"  # "after_text" ([text; image; references]), "first" ([image; text]), "last" ([extra; image])
+    # "after_text" ([text; image; references]), "first" ([image; text]), "last" ([extra; image]), "alone" (a self-attention
+    # of the image tokens only: a call of another length is another stream's, LTX-2's audio)
+    image: str = "after_text"
     declines: tuple[str, ...] = ()  # apply_model keywords that add tokens to the grid's rows or in front of it
     notes: str = ""  # what the override sees (docs/comfyui.md)
     image_models: tuple[str, ...] = ()  # the unet_config "image_model" values it claims (empty: any)
@@ -253,6 +255,8 @@ class ComfyModel:
             return tokens - padded
         if tokens < n or (text and tokens == text):  # a text-only self-attention (Lumina's caption refiner)
             return None
+        if self.image == "alone":
+            return 0 if tokens == n else None
         if tokens == n or self.image == "first":
             return 0
         if self.image == "after_text" and 0 < text and text + n <= tokens:

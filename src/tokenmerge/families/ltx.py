@@ -53,7 +53,7 @@ FAMILY = Family(
         image="first",
         notes="comfy/ldm/lightricks: self-attention q, k, v (B, S, H*D) after the rotary embedding over the video tokens "
         "(guide keyframe latents appended to the frames are part of the grid); cross-attention to text left alone",
-        # LTX-2 (LTXAVModel, 0.33): a video and an audio stream in one latent, whose layout the node does not read yet
+        # LTX-2 (LTXAVModel, a subclass: video and audio in one packed latent) has its own layout (families/ltx2.py)
         excludes=("LTXAVModel",),
     ),
 )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from . import Family
-from .base import BlockLayout, Container, DenoiserLayout, Follow, KeyValueSite, PackedVideoGrid, Span
+from .base import BlockLayout, ComfyModel, Container, DenoiserLayout, Follow, KeyValueSite, PackedVideoGrid, Span
 
 ROTARY = Follow("query_rotary_emb", dim=-2, stream="image")
 
@@ -62,4 +62,14 @@ FAMILY = Family(
     notes="grid: packed hidden_states (B, N, C) with the call's num_frames, height, width (latent) / patch sizes; a "
     "per-token timestep (image-to-video) makes the first latent frame a reference; text: cross-attention only; audio "
     "stream untouched; rotary: query_rotary_emb (cos, sin), video rows along dim -2, per sample, gathered at the kept rows",
+    comfy=ComfyModel(
+        ("LTXAVModel",),
+        "LTX-2",
+        patch=(1, 1, 1),
+        image="alone",
+        notes="comfy/ldm/lightricks/av_model.py: the sampler packs the video and audio latents into one (latent_shapes), "
+        "the grid is the video's; video self-attention q, k, v (B, S, H*D) after the rotary embedding, as long as the grid "
+        "(guide keyframes appended to the frames are part of it); the audio's self-attention, both cross-modal attentions "
+        "and the text cross-attention left alone",
+    ),
 )

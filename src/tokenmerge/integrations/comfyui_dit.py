@@ -55,6 +55,15 @@ class DitCall:
     position: StepPosition | None = None
 
 
+def latent_shape(x: torch.Tensor, kwargs: dict[str, Any]) -> tuple[int, ...]:
+    """The shape of the latent a call's grid comes from: ``x``'s, or, where the sampler packed several streams into one
+    latent (LTX-2's video and audio, ``latent_shapes``), the first stream's: the video."""
+    shapes = kwargs.get("latent_shapes")
+    if isinstance(shapes, (list, tuple)) and len(shapes) > 1:
+        return tuple(shapes[0])
+    return tuple(x.shape)
+
+
 def grid_of(latent_shape: tuple[int, ...], patch: tuple[int, ...]) -> TokenGrid:
     """The token grid of a latent (B, C, H, W) or (B, C, T, H, W): each side divided by the model's patch
     (:meth:`ComfyModel.patch_of`), rounded up (ComfyUI pads the latent to whole patches)."""
@@ -80,7 +89,7 @@ class DitPatch(SharedPatch):
             self._warn("declined", declined)
         call = None
         if not declined:
-            grid = grid_of(tuple(x.shape), self.patch)
+            grid = grid_of(latent_shape(x, kwargs), self.patch)
             noise = position = None
             if self.config.noise_limit < 1:
                 # the model's sampling as this sampler runs it (a shift node's object patch applied)

@@ -80,11 +80,16 @@ def conditioning(name: str, seed: int = 1, tokens: int = 8, full: bool = False) 
     return one(), one()
 
 
-def latent(name: str, height: int = 32, width: int = 32, frames: int = 3) -> dict[str, torch.Tensor]:
-    """An empty latent of ``height`` x ``width`` latent cells (``frames`` latent frames for video models)."""
+def latent(name: str, height: int = 32, width: int = 32, frames: int = 3) -> dict[str, Any]:
+    """An empty latent of ``height`` x ``width`` latent cells (``frames`` latent frames for video models); with the
+    example's audio latent, both as ComfyUI's nested latent (video first), which its sampler packs into one."""
     found = example(name)
     shape = (1, found.channels, frames, height, width) if found.video else (1, found.channels, height, width)
-    return {"samples": torch.zeros(shape)}
+    if found.audio is None:
+        return {"samples": torch.zeros(shape)}
+    import comfy.nested_tensor
+
+    return {"samples": comfy.nested_tensor.NestedTensor([torch.zeros(shape), torch.zeros(1, *found.audio)])}
 
 
 def sample(
@@ -92,7 +97,8 @@ def sample(
 ) -> torch.Tensor:
     """ComfyUI's KSampler path (``nodes.common_ksampler``): euler, CFG 2 (one model call per step on a batch of
     two: conditional and unconditional), the given steps; ``noise``: one step instead, from the sigma at that noise
-    level (1 = pure noise) to 0, through ``comfy.sample.sample``'s own sigmas."""
+    level (1 = pure noise) to 0, through ``comfy.sample.sample``'s own sigmas. A nested latent (video and audio)
+    comes back as one flat tensor of its streams."""
     import comfy.sample
     import nodes
 
@@ -102,12 +108,14 @@ def sample(
     empty = latent(name, **size)
     with torch.inference_mode():
         if noise is None:
-            (out,) = nodes.common_ksampler(model, seed, steps, 2.0, "euler", "simple", positive, negative, empty)
-            return out["samples"]
-        x = comfy.sample.fix_empty_latent_channels(model, empty["samples"])
-        sigmas = torch.tensor([sigma_at_noise(model.get_model_object("model_sampling"), noise), 0.0])
-        start = comfy.sample.prepare_noise(x, seed)
-        return comfy.sample.sample(model, start, 1, 2.0, "euler", "simple", positive, negative, x, sigmas=sigmas, seed=seed)
+            (found,) = nodes.common_ksampler(model, seed, steps, 2.0, "euler", "simple", positive, negative, empty)
+            out = found["samples"]
+        else:
+            x = comfy.sample.fix_empty_latent_channels(model, empty["samples"])
+            sigmas = torch.tensor([sigma_at_noise(model.get_model_object("model_sampling"), noise), 0.0])
+            start = comfy.sample.prepare_noise(x, seed)
+            out = comfy.sample.sample(model, start, 1, 2.0, "euler", "simple", positive, negative, x, sigmas=sigmas, seed=seed)
+    return torch.cat([t.flatten() for t in out.unbind()]) if getattr(out, "is_nested", False) else out
 
 
 class KeyCounter:

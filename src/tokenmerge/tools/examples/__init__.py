@@ -60,7 +60,8 @@ class ComfyExample:
     channels and whether it is a video's; ``since``: the first ComfyUI version with the model; ``full``: the published
     width's overrides (``full_context``, ``full_pooled``) and the config keys counting ``blocks`` (and their
     proportion), where the ComfyUI bench runs it at full width; ``later_fields``: (module, parameters dataclass,
-    fields) that newer ComfyUIs' model detection adds, set where that dataclass declares them."""
+    fields) that newer ComfyUIs' model detection adds, set where that dataclass declares them; ``audio``: the audio
+    latent sampled with the video (one nested latent)."""
 
     supported: str
     unet_config: dict[str, Any]
@@ -76,6 +77,7 @@ class ComfyExample:
     full_pooled: int = 0
     blocks: dict[str, int] | None = None
     later_fields: tuple[str, str, dict[str, Any]] | None = None
+    audio: tuple[int, int, int] | None = None  # an audio latent (channels, frames, bins) beside the video (LTX-2)
 
 
 @cache

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from . import Example, clean_first_frame
+from . import ComfyExample, Example, clean_first_frame
 
 
 def inputs(
@@ -107,3 +107,35 @@ EXAMPLES = {
         frame_factor=8,
     ),
 }
+
+
+# ComfyUI's own implementation (LTXAVModel, comfy/ldm/lightricks/av_model.py) at a tiny width: the conditioning is the
+# text encoder's fully processed context, the video's and the audio's prompt side by side (32 + 16 channels).
+COMFY = ComfyExample(
+    supported="LTXAV",
+    unet_config={
+        "image_model": "ltxav",
+        "num_layers": 1,
+        "attention_head_dim": 16,
+        "num_attention_heads": 2,
+        "cross_attention_dim": 32,
+        "audio_attention_head_dim": 8,
+        "audio_num_attention_heads": 2,
+        "audio_cross_attention_dim": 16,
+        "caption_channels": 24,
+        "in_channels": 128,
+        "audio_in_channels": 128,
+        "connector_attention_head_dim": 8,
+        "connector_num_attention_heads": 3,
+        "audio_connector_attention_head_dim": 8,
+        "audio_connector_num_attention_heads": 3,
+        "connector_num_layers": 1,
+    },
+    context=48,
+    pooled=0,
+    channels=128,
+    video=True,
+    caption_mask=True,
+    since="0.33.0",
+    audio=(8, 8, 16),
+)
