@@ -104,6 +104,13 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
         seen_plain_low = list(counter.calls)
         sampling = other.get_model_object("model_sampling")
         bench_noise = comfy_noise(sampling, torch.tensor([sigma_at_noise(sampling, 0.25)]))
+        rows = {}
+        for key, seed, patch in (("plain", 0, None), ("other_latent", 1, None), ("todo", 0, dict(method="todo", kv_factor=2))):
+            keys = comfy_dits.FirstKeys(grid)
+            recorded = model.clone()
+            recorded.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = keys
+            comfy_dits.sample(node.patch(recorded, **patch)[0] if patch else recorded, name, 1, seed=seed)
+            rows[key] = keys.keys
         counter.calls.clear()
         after = comfy_dits.sample(other, name)  # the MODEL the node was given: untouched
         report["models"][name] = {
@@ -126,6 +133,10 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
             "seeded": seeded,
             "comfy_model": found.title,
             "image_tokens": grid,
+            # where the latent's tokens sit in the first attention over the grid (the rows another latent changes; the
+            # text's come from the prompt), and which rows todo dropped there
+            "latent_rows": [i for i in range(len(rows["plain"])) if not torch.equal(rows["plain"][i], rows["other_latent"][i])],
+            "dropped_rows": sorted(set(range(len(rows["plain"]))) - set(comfy_dits.kept_rows(rows["todo"], rows["plain"]))),
         }
         if found.blocks is not None:
             report["models"][name]["tome"] = _tome_blocks(comfy_dits, node, name, model, found, vanilla)
@@ -349,6 +360,16 @@ def test_image_keys_are_reduced_as_configured_through_the_chained_override(comfy
             continue
         assert r == k - image + image // 4, (q, k, r)  # kv_factor 2: a quarter of the image keys, every other key
         assert c == k - image + image // 16, (q, k, c)  # the chained node's kv_factor 4 replaced it
+
+
+@each_model
+def test_the_keys_dropped_are_the_latents_not_the_texts(comfyui, name):
+    """Where the image sits, read from the model itself rather than from tokenmerge's layout: in the first attention
+    over the grid, the key rows that another latent (same prompt) changes are the image's; every key todo drops is one
+    of them (a layout read wrongly, as HunyuanVideo's text-first order in 0.33 was, drops text keys silently)."""
+    found = comfyui["models"][name]
+    latent, dropped = set(found["latent_rows"]), set(found["dropped_rows"])
+    assert dropped and dropped <= latent, sorted(dropped - latent)[:8]
 
 
 @each_model

@@ -137,7 +137,7 @@ for _family in _REGISTRY.values():
 def comfy_model_of(diffusion_model: object, image_model: str | None = None) -> ComfyModel | None:
     """The ComfyUI layout of a ComfyUI diffusion model: the one a family gives for the nearest class of its MRO and
     ``image_model`` (the ``unet_config`` entry ComfyUI's model detection writes; where one class serves several
-    families, it decides), or None."""
+    families, it decides), as this instance lays its tokens out (:meth:`ComfyModel.of_instance`), or None."""
     mro = type(diffusion_model).__mro__
     for cls in mro:
         found = _BY_COMFY_CLASS.get(cls.__name__)
@@ -145,7 +145,8 @@ def comfy_model_of(diffusion_model: object, image_model: str | None = None) -> C
             fits = [m for m in found if not m.image_models or image_model in m.image_models]
             fits = [m for m in fits if not any(c.__name__ in m.excludes for c in mro)]
             fits = [m for m in fits if not m.padded_by or m.pad_of(diffusion_model) > 1]  # the instance's own layout
-            return min(fits, key=lambda m: not m.padded_by, default=None)  # the one its attributes name first
+            chosen = min(fits, key=lambda m: not m.padded_by, default=None)  # the one its attributes name first
+            return chosen.of_instance(diffusion_model) if chosen is not None else None
     return None
 
 

@@ -13,6 +13,7 @@ image segment is ever reduced.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import numbers
@@ -211,6 +212,18 @@ class ComfyModel:
     # Subclasses of its classes with another layout, not claimed: such a model runs unchanged with one notice (a
     # subclass is otherwise claimed by the nearest class of its MRO: Wan's VACE, ...)
     excludes: tuple[str, ...] = ()
+    # A dotted attribute of the instance that, where true, puts the image first ([image; text]) whatever ``image`` says:
+    # the same class has laid its tokens out both ways across ComfyUI versions (HunyuanVideo: flipped before 0.4)
+    first_if: str = ""
+
+    def of_instance(self, diffusion_model: Any) -> ComfyModel:
+        """This layout as ``diffusion_model`` lays its tokens out (:attr:`first_if`)."""
+        found: Any = diffusion_model
+        for name in self.first_if.split(".") if self.first_if else ():
+            found = getattr(found, name, None)
+        if self.first_if and found is True:
+            return dataclasses.replace(self, image="first", first_if="")
+        return self
 
     def pad_of(self, diffusion_model: Any) -> int:
         """The multiple this instance pads its caption and image to (1: none)."""

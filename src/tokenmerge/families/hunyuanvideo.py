@@ -64,9 +64,11 @@ FAMILY = Family(
         ("HunyuanVideo",),
         "HunyuanVideo",
         patch=(1, 2, 2),
-        image="first",
+        image="last",
+        first_if="double_blocks.0.flipped_img_txt",
         declines=("ref_latent",),
-        notes="comfy/ldm/hunyuan_video: Flux's blocks flipped, q, k, v (B, H, S, D) after the rotary embedding, [video; "
-        "text]; the text refiner's attention (text only) left alone",
+        notes="comfy/ldm/hunyuan_video: q, k, v (B, H, S, D) after the rotary embedding; [text; video] in 0.33 (the text "
+        "of any make-up: LLM, byT5, SigLIP tokens, before the video), [video; text] in 0.3.64 (Flux's blocks flipped, "
+        "flipped_img_txt); the text refiner's attention (text only) left alone",
     ),
 )

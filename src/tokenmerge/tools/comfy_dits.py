@@ -135,6 +135,32 @@ class KeyCounter:
         return self
 
 
+class FirstKeys:
+    """An ``optimized_attention_override`` (under tokenmerge's, as :class:`KeyCounter`) that keeps the keys of the
+    first call with at least ``tokens`` queries (the first self- or joint attention over the grid: queries are never
+    reduced), the first sample's, as (S, C) rows."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens, self.keys = tokens, None
+
+    def __call__(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        q, k = args[0], args[1]
+        seq = -2 if kwargs.get("skip_reshape", False) else 1
+        if self.keys is None and q.shape[seq] >= self.tokens:
+            rows = k[0].transpose(0, 1) if seq == -2 else k[0]  # (S, H, D) or (S, C)
+            self.keys = rows.reshape(rows.shape[0], -1).clone()
+        return func(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> FirstKeys:
+        return self
+
+
+def kept_rows(reduced: torch.Tensor, plain: torch.Tensor) -> list[int]:
+    """The positions of ``plain``'s rows that ``reduced`` holds (exact copies: a nearest downsampling selects rows)."""
+    index = {tuple(row.tolist()): i for i, row in enumerate(plain)}
+    return sorted(index[tuple(row.tolist())] for row in reduced)
+
+
 def grid_at(name: str, patch: tuple[int, ...], height: int = 32, width: int = 32, frames: int = 3) -> int:
     """Image tokens of :func:`latent`'s latent of ``name`` under a model's ``patch`` (ceil: ComfyUI pads)."""
     sides = (frames, height, width) if example(name).video else (height, width)

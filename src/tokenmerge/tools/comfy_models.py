@@ -195,7 +195,8 @@ CHECKPOINT_BUFFERS = frozenset({"pos_embed"})
 def reinit_all(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """ComfyUI builds layers without initialising them: give every parameter a seeded value, and the buffers it
     leaves as ``torch.empty`` for a checkpoint to fill (MMDiT's ``pos_embed``) too: uninitialised memory differs
-    between machines and runs, and can hold NaNs."""
+    between machines and runs, and can hold NaNs. A norm's scale of 0 would zero its queries and keys (attention
+    uniform: a test of where keys sit could not tell them apart)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in module.modules():
@@ -203,8 +204,8 @@ def reinit_all(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
                 if p.dim() > 1:
                     bound = 1 / math.sqrt(p[0].numel())
                     p.copy_(torch.empty(p.shape).uniform_(-bound, bound, generator=g))
-                else:
-                    p.fill_(1.0 if name == "weight" else 0.0)
+                else:  # norms' multiplicative weights and scales (Flux's RMSNorm "scale") 1, biases and shifts 0
+                    p.fill_(1.0 if name in ("weight", "scale") else 0.0)
             for name, b in m.named_buffers(recurse=False):
                 if name in CHECKPOINT_BUFFERS:
                     b.copy_(torch.empty(b.shape).uniform_(-1.0, 1.0, generator=g))
