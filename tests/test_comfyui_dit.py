@@ -413,7 +413,8 @@ def test_autos_default_reduces_the_last_half_of_a_few_step_schedule(comfyui, nam
     assert per_step[2] == per_step[3] != step
 
 
-BLOCK_CASES = [(v, n) for v, n in CASES if get_family(n).comfy.blocks is not None]
+# HunyuanVideo's block patches are read in 0.33 only (0.3.64's flipped order: auto instead)
+BLOCK_CASES = [(v, n) for v, n in CASES if get_family(n).comfy.blocks is not None and (v, n) != ("0.3.64", "hunyuanvideo")]
 
 
 @pytest.mark.parametrize("comfyui,name", BLOCK_CASES, indirect=["comfyui"])

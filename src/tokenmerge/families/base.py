@@ -221,8 +221,8 @@ class ComfyModel:
         found: Any = diffusion_model
         for name in self.first_if.split(".") if self.first_if else ():
             found = getattr(found, name, None)
-        if self.first_if and found is True:
-            return dataclasses.replace(self, image="first", first_if="")
+        if self.first_if and found is True:  # the older order: its block patches' rotary rows are not [text; image]
+            return dataclasses.replace(self, image="first", first_if="", blocks=None)
         return self
 
     def pad_of(self, diffusion_model: Any) -> int:

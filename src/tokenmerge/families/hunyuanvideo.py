@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import Family
-from .base import Argument, ComfyModel, Container, DenoiserLayout, Follow, VideoGrid, joint_block, single_stream_block
+from .base import Argument, ComfyBlocks, ComfyModel, Container, DenoiserLayout, Follow, VideoGrid, joint_block, single_stream_block
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="image")
 MASK = Follow("attention_mask", dim=-1, stream="joint")
@@ -66,6 +66,9 @@ FAMILY = Family(
         patch=(1, 2, 2),
         image="last",
         first_if="double_blocks.0.flipped_img_txt",
+        # 0.33's block patches: the video alone in the double blocks, [text; video] in the single ones; rotary rows
+        # [text; video] along axis 2 (0.3.64's flipped order offers none: auto instead)
+        blocks=ComfyBlocks((("double_block", "double_blocks"), ("single_block", "single_blocks")), joint=("single_block",), pe_dims=(2,)),
         declines=("ref_latent",),
         notes="comfy/ldm/hunyuan_video: q, k, v (B, H, S, D) after the rotary embedding; [text; video] in 0.33 (the text "
         "of any make-up: LLM, byT5, SigLIP tokens, before the video), [video; text] in 0.3.64 (Flux's blocks flipped, "

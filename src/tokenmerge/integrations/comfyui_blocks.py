@@ -80,6 +80,9 @@ class DitBlocks(DitPatch):
         if any(args.get(name) is not None for name in ("attn_mask", "attention_mask", "self_attention_mask")):
             self._whole("mask", f"a {kind} has an attention mask over its tokens, which ToMe's merge does not follow")
             return None
+        if any(args.get(name) is not None for name in ("modulation_dims", "modulation_dims_img")):
+            self._whole("ranges", f"a {kind} is modulated by token ranges (HunyuanVideo's token replace), which a merge would shift")
+            return None
         vec = args.get("vec")
         if isinstance(vec, torch.Tensor) and vec.ndim >= 3 and vec.shape[1] == x.shape[1]:
             self._whole("per-token", f"a {kind} is modulated per token (a per-token timestep), which ToMe's merge does not follow")
