@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from . import Family
-from .base import ComfyModel, Container, DenoiserLayout, Follow, PackedVideoGrid, self_cross_block
+from .base import ComfyBlocks, ComfyModel, Container, DenoiserLayout, Follow, PackedVideoGrid, self_cross_block
 
 ROTARY = Follow("image_rotary_emb", dim=-2, stream="image")
 
@@ -53,6 +53,8 @@ FAMILY = Family(
         image="first",
         notes="comfy/ldm/lightricks: self-attention q, k, v (B, S, H*D) after the rotary embedding over the video tokens "
         "(guide keyframe latents appended to the frames are part of the grid); cross-attention to text left alone",
+        # its block patches: the video tokens alone, rotary rows along axis 1 of each table of the pe tuple
+        blocks=ComfyBlocks((("double_block", "transformer_blocks"),), pe_dims=(1,)),
         # LTX-2 (LTXAVModel, a subclass: video and audio in one packed latent) has its own layout (families/ltx2.py)
         excludes=("LTXAVModel",),
     ),

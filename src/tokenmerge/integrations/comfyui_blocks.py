@@ -77,7 +77,7 @@ class DitBlocks(DitPatch):
         if start is None or start < 0 or start + n > x.shape[1]:
             self._whole("layout", f"a {kind} holds {x.shape[1]} tokens, where a {call.grid} grid and {call.text} text tokens do not fit")
             return None
-        if any(args.get(name) is not None for name in ("attn_mask", "attention_mask", "self_attention_mask")):
+        if any(_over_tokens(args.get(name), args.get("txt")) for name in ("attn_mask", "attention_mask", "self_attention_mask")):
             self._whole("mask", f"a {kind} has an attention mask over its tokens, which ToMe's merge does not follow")
             return None
         if any(args.get(name) is not None for name in ("modulation_dims", "modulation_dims_img")):
@@ -105,14 +105,28 @@ class DitBlocks(DitPatch):
         gathered = plan.gather(image)
         new = {**args, "img": torch.cat([x[:, :start], gathered, x[:, start + n :]], dim=1)}
         pe = args.get("pe")
-        if self.blocks.pe_dims and isinstance(pe, torch.Tensor):
-            dim = next((d for d in self.blocks.pe_dims if pe.ndim > d and pe.shape[d] >= x.shape[1]), self.blocks.pe_dims[0])
-            rows = _rotary_rows(pe, dim, plan, start, x.shape[1], n)
-            if rows is None:
-                self._whole("rotary", f"a {kind}'s rotary table {tuple(pe.shape)} does not follow its {x.shape[1]} tokens")
-                return None
-            new["pe"] = rows
+        if self.blocks.pe_dims and pe is not None:
+            # a table, or a tuple of tables and flags (LTX-Video: (cos, sin) in 0.3.64, (rotation, split) in 0.33)
+            parts = list(pe) if isinstance(pe, (tuple, list)) else [pe]
+            for i, part in enumerate(parts):
+                if not isinstance(part, torch.Tensor):
+                    continue
+                dim = next((d for d in self.blocks.pe_dims if part.ndim > d and part.shape[d] >= x.shape[1]), self.blocks.pe_dims[0])
+                parts[i] = _rotary_rows(part, dim, plan, start, x.shape[1], n)
+                if parts[i] is None:
+                    self._whole("rotary", f"a {kind}'s rotary table {tuple(part.shape)} does not follow its {x.shape[1]} tokens")
+                    return None
+            new["pe"] = type(pe)(parts) if isinstance(pe, (tuple, list)) else parts[0]
         return plan, start, gathered, new
+
+
+def _over_tokens(mask: Any, text: Any) -> bool:
+    """Whether an attention mask covers a block's tokens (ToMe's merge would have to follow it): any mask but one over
+    the text keys alone (its last axis as long as the ``txt`` argument: LTX-Video's caption mask for its
+    cross-attention)."""
+    if not isinstance(mask, torch.Tensor):
+        return False
+    return not (isinstance(text, torch.Tensor) and text.ndim == 3 and mask.shape[-1] == text.shape[1])
 
 
 def _rotary_rows(pe: torch.Tensor, dim: int, plan: MergePlan, start: int, length: int, n: int) -> torch.Tensor | None:
