@@ -141,6 +141,8 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
         if found.blocks is not None:
             report["models"][name]["tome"] = _tome_blocks(comfy_dits, node, name, model, found, vanilla)
     report["threads_equal"] = _threads(comfy_dits, node)
+    if "z-image" in models:
+        report["threads_equal_wrapped"] = _threads(comfy_dits, node, "z-image", method="tome", ratio=0.5)
     unet = build_comfy_patcher("sd15-small")
     x = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
     context = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1))
@@ -182,7 +184,8 @@ def _permutation_plan(x):
 
 
 def _tome_blocks(comfy_dits, node, name: str, model, found, vanilla) -> dict:
-    """ToMe through the block replace patches, chained over another node's block patches."""
+    """ToMe through the block replace patches, chained over another node's block patches (or, on a model without
+    them, through its wrapped layers)."""
     import torch
 
     from tokenmerge.integrations import comfyui_blocks
@@ -190,9 +193,13 @@ def _tome_blocks(comfy_dits, node, name: str, model, found, vanilla) -> dict:
 
     recorder = _BlockRecorder()
     other = model.clone()
+    hooks = []
     for kind, attribute in found.blocks.lists:
-        for i in range(len(getattr(model.model.diffusion_model, attribute))):
-            other.set_model_patch_replace(recorder, "dit", kind, i)
+        for i, block in enumerate(getattr(model.model.diffusion_model, attribute)):
+            if found.blocks.wrapped:  # no block patches (NextDiT): its attention sees the sequence the layer runs on
+                hooks.append(block.attention.register_forward_pre_hook(lambda _, a: recorder.seen.append(a[0].shape[1])))
+            else:
+                other.set_model_patch_replace(recorder, "dit", kind, i)
     plain = comfy_dits.sample(other, name)
     seen_plain = list(recorder.seen)
     identity = comfy_dits.sample(node.patch(other, method="tome", ratio=0.0)[0], name)
@@ -208,6 +215,8 @@ def _tome_blocks(comfy_dits, node, name: str, model, found, vanilla) -> dict:
         permuted = comfy_dits.sample(node.patch(other, method="tome", ratio=0.5)[0], name)
     finally:
         comfyui_blocks.decide = decide
+        for hook in hooks:
+            hook.remove()
     return {
         "plain_equal": bool(torch.equal(plain, vanilla)),
         "identity_equal": bool(torch.equal(identity, vanilla)),
@@ -240,25 +249,25 @@ def _seeded_whatever_memory_holds(comfy_dits, name: str, model) -> bool:
     return first.keys() == again.keys() and all(torch.equal(first[key], again[key]) for key in first)
 
 
-def _threads(comfy_dits, node) -> bool:
-    """Four threads call one patched Flux at once, at different latent sizes: each gets its sequential output."""
+def _threads(comfy_dits, node, name: str = "flux", **options) -> bool:
+    """Four threads call one patched model at once (Flux with todo; Z-Image with tome, whose layers are wrapped while
+    any call runs), at different latent sizes: each gets its sequential output."""
     import threading
 
     import torch
 
-    patched = node.patch(comfy_dits.build("flux"), method="todo", kv_factor=2)[0]
+    patched = node.patch(comfy_dits.build(name), **(options or dict(method="todo", kv_factor=2)))[0]
+    example = comfy_dits.example(name)
 
     def call(size: int, seed: int) -> torch.Tensor:
         options = {**patched.model_options["transformer_options"], "wrappers": patched.wrappers}
         g = torch.Generator().manual_seed(seed)
-        x, context, pooled = (
-            torch.randn(1, 16, size, size, generator=g),
-            torch.randn(1, 8, 32, generator=g),
-            torch.randn(1, 32, generator=g),
+        x, context = torch.randn(1, example.channels, size, size, generator=g), torch.randn(1, 8, example.context, generator=g)
+        extra = (
+            {"y": torch.randn(1, example.pooled, generator=g), "guidance": torch.full((1,), 3.5)} if example.pooled else {"num_tokens": 8}
         )
         with torch.inference_mode():
-            sigma, guidance = torch.full((1,), 0.7), torch.full((1,), 3.5)
-            return patched.model.apply_model(x, sigma, c_crossattn=context, y=pooled, guidance=guidance, transformer_options=options)
+            return patched.model.apply_model(x, torch.full((1,), 0.7), c_crossattn=context, transformer_options=options, **extra)
 
     sizes = (32, 24, 32, 16)
     sequential = [call(size, i) for i, size in enumerate(sizes)]
@@ -433,7 +442,7 @@ def test_tome_merges_around_comfyuis_blocks_with_the_rotary_rows_following(comfy
 
 @each_version
 def test_concurrent_calls_of_one_patched_model_each_get_their_own_grid(comfyui):
-    assert comfyui["threads_equal"]
+    assert comfyui["threads_equal"] and comfyui.get("threads_equal_wrapped", True)
 
 
 @each_version

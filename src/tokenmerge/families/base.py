@@ -179,11 +179,15 @@ class ComfyBlocks:
     (:mod:`tokenmerge.integrations.comfyui_blocks`): each kind with the diffusion model's attribute listing its blocks;
     the kinds whose ``"img"`` argument is the joint [text; image] sequence (Flux's single-stream blocks); the token
     axes the ``"pe"`` rotary table may have (the first as long as the stream is taken: ComfyUI versions differ), its
-    rows [whatever precedes the stream; the stream] (empty: no table)."""
+    rows [whatever precedes the stream; the stream] (empty: no table); ``wrapped``: a model without block patches whose
+    layers' forwards tokenmerge wraps for the duration of each call."""
 
     lists: tuple[tuple[str, str], ...]  # (kind, diffusion_model attribute), e.g. ("double_block", "double_blocks")
     joint: tuple[str, ...] = ()
     pe_dims: tuple[int, ...] = ()
+    # No replace patch reaches these blocks (NextDiT): their forwards are wrapped for each call of the model instead,
+    # each called as ``layer(x, mask, rotary, modulation, ...)``
+    wrapped: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from .base import (
     DECLINED,
     Argument,
     BlockLayout,
+    ComfyBlocks,
     ComfyModel,
     Container,
     DenoiserLayout,
@@ -38,6 +39,10 @@ from .base import (
     config_int,
     text_length,
 )
+
+# ComfyUI's NextDiT (Lumina 2, Z-Image) offers no block replace patches: its main layers' forwards are wrapped for each
+# call, layer(x, mask, freqs_cis, adaln_input) over the joint [caption; image] sequence, the rotary rows along axis 1
+NEXTDIT_LAYERS = ComfyBlocks((("layer", "layers"),), joint=("layer",), pe_dims=(1,), wrapped=True)
 
 
 def block(module: torch.nn.Module, stream: str) -> BlockLayout:
@@ -113,5 +118,6 @@ FAMILY = Family(
         "Lumina 2",
         notes="comfy/ldm/lumina: q, k, v (B, H, S, D) after the rotary embedding; the image refiner's self-attention "
         "(its padding mask's columns follow), the joint [caption; image] layers; the caption refiner left alone",
+        blocks=NEXTDIT_LAYERS,
     ),
 )

@@ -30,6 +30,7 @@ from ..algorithms import Segment, TokenGrid, TokenLayout
 from ..notices import warn_at_caller
 from . import Family
 from .base import DECLINED, Argument, BlockLayout, ComfyModel, Container, DenoiserLayout, Follow, KeyValueSite, Span
+from .lumina2 import NEXTDIT_LAYERS
 
 SEQ_MULTI_OF = 32  # diffusers' transformer_z_image.SEQ_MULTI_OF: image and caption lengths are padded to it
 # The kind of the image's padding rows: neither text (the image stream holds them) nor a reference image (no grid,
@@ -132,5 +133,6 @@ FAMILY = Family(
         padded_by="pad_tokens_multiple",
         notes="comfy/ldm/lumina (0.33): Lumina 2's NextDiT with pad_tokens_multiple: [caption + pad; image + pad] to "
         "multiples of 32, the image last (after references and SigLIP tokens in omni calls); q, k, v after the rotary",
+        blocks=NEXTDIT_LAYERS,
     ),
 )

@@ -17,6 +17,7 @@ mask over the tokens, a per-token modulation, a rotary table of another length) 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from ..families import ComfyModel
 from ..families.base import ComfyBlocks
 from ..methods import BlockFacts
 from ..planning import block_key, decide
-from .comfyui_dit import DitCall, DitPatch
+from .comfyui_dit import WRAPPER_KEY, DitCall, DitPatch
 
 # Flux.2's and Qwen-Image edit's reference method that modulates the image and its references by token index (ranges
 # a merge would shift)
@@ -39,10 +40,10 @@ class DitBlocks(DitPatch):
 
     per_call = False  # ToMe decides per block, on the block's tokens
 
-    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...]) -> None:
+    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], pad: int = 1) -> None:
         if not config.method_of.merges or model.route_for(config.method_of) != "comfyui-blocks":
             raise ValueError(f"DitBlocks merges around ComfyUI's blocks (method='tome' on {model.title}), got method={config.method!r}")
-        super().__init__(config, model, patch)
+        super().__init__(config, model, patch, pad)
         self.blocks: ComfyBlocks = model.blocks
 
     def declined(self, kwargs: dict[str, Any]) -> str | None:
@@ -71,14 +72,15 @@ class DitBlocks(DitPatch):
         if not isinstance(x, torch.Tensor) or x.ndim != 3:
             return None
         if kind in self.blocks.joint:
-            start = self.model.image_start(x.shape[1], n, call.text)
+            start = self.model.image_start(x.shape[1], n, call.text, self.pad)
         else:  # the image stream alone: [image; references], or [references; image] for an image placed last
             start = x.shape[1] - n if self.model.image == "last" else 0
         if start is None or start < 0 or start + n > x.shape[1]:
             self._whole("layout", f"a {kind} holds {x.shape[1]} tokens, where a {call.grid} grid and {call.text} text tokens do not fit")
             return None
-        if any(_over_tokens(args.get(name), args.get("txt")) for name in ("attn_mask", "attention_mask", "self_attention_mask")):
-            self._whole("mask", f"a {kind} has an attention mask over its tokens, which ToMe's merge does not follow")
+        masks = [name for name in MASKS if _over_tokens(args.get(name), args.get("txt"))]
+        if any(not _uniform_over_image(args[name], x.shape[1], start, n) for name in masks):
+            self._whole("mask", f"a {kind} has an attention mask that tells its image tokens apart, which ToMe's merge does not follow")
             return None
         if any(args.get(name) is not None for name in ("modulation_dims", "modulation_dims_img")):
             self._whole("ranges", f"a {kind} is modulated by token ranges (HunyuanVideo's token replace), which a merge would shift")
@@ -104,6 +106,9 @@ class DitBlocks(DitPatch):
             return None
         gathered = plan.gather(image)
         new = {**args, "img": torch.cat([x[:, :start], gathered, x[:, start + n :]], dim=1)}
+        for name in masks:  # the same for every image key: the merged tokens' columns are the first k of them
+            mask, offset = args[name], args[name].shape[-1] - x.shape[1] + start
+            new[name] = torch.cat([mask[..., : offset + plan.num_kept], mask[..., offset + n :]], dim=-1)
         pe = args.get("pe")
         if self.blocks.pe_dims and pe is not None:
             # a table, or a tuple of tables and flags (LTX-Video: (cos, sin) in 0.3.64, (rotation, split) in 0.33)
@@ -118,6 +123,20 @@ class DitBlocks(DitPatch):
                     return None
             new["pe"] = type(pe)(parts) if isinstance(pe, (tuple, list)) else parts[0]
         return plan, start, gathered, new
+
+
+MASKS = ("attn_mask", "attention_mask", "self_attention_mask")  # the names block arguments give attention masks
+
+
+def _uniform_over_image(mask: torch.Tensor, length: int, start: int, n: int) -> bool:
+    """Whether ``mask`` is a mask over the keys alone (no query axis) that is the same for every image key: the
+    text-padding masks of HunyuanVideo and Lumina 2, whose image columns are all 0. Its columns are [whatever precedes
+    the stream; the stream of ``length`` tokens], as the rotary rows."""
+    offset = mask.shape[-1] - length + start
+    if (mask.ndim >= 3 and mask.shape[-2] > 1) or offset < 0 or offset + n > mask.shape[-1]:
+        return False
+    image = mask[..., offset : offset + n]
+    return bool((image == image[..., :1]).all())
 
 
 def _over_tokens(mask: Any, text: Any) -> bool:
@@ -169,9 +188,69 @@ class BlockMerge:
         return self
 
 
+class LayerMerge:
+    """The forward of one layer of a model whose blocks offer no replace patch (NextDiT), set on the layer while a call
+    of the patched model runs (:class:`WrappedLayers`): the layer run as a :class:`BlockMerge` runs its block, its
+    arguments ``(x, mask, rotary, modulation, ...)`` read as a block patch's ``img``, ``attn_mask``, ``pe``, ``vec``."""
+
+    def __init__(self, patch: DitBlocks, kind: str, key: int, layer: torch.nn.Module) -> None:
+        self.patch, self.kind, self.key, self.layer = patch, kind, key, layer
+
+    def __call__(self, x: torch.Tensor, mask: Any, rotary: Any, modulation: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        forward = type(self.layer).forward
+        if kwargs.get("timestep_zero_index") is not None:
+            self.patch._whole("ranges", f"a {self.kind} is modulated by token ranges (timestep_zero_index), which a merge would shift")
+            return forward(self.layer, x, mask, rotary, modulation, *rest, **kwargs)
+
+        def original(a: dict[str, Any]) -> dict[str, Any]:
+            return {"img": forward(self.layer, a["img"], a["attn_mask"], a["pe"], a["vec"], *rest, **kwargs)}
+
+        args = {"img": x, "attn_mask": mask, "pe": rotary, "vec": modulation}
+        return self.patch.run(self.kind, self.key, args, {"original_block": original}, None)["img"]
+
+
+class WrappedLayers:
+    """The ``DIFFUSION_MODEL`` wrapper of one patched model without block patches: while any call of it runs, each of
+    its layers' ``forward`` is a :class:`LayerMerge` (an instance attribute, taken off when the last concurrent call
+    ends; the module tree, its weights and their names stay as they are). A call of another MODEL on the same weights
+    meanwhile runs its layers whole (no tokenmerge call in that thread)."""
+
+    def __init__(self, patch: DitBlocks) -> None:
+        self.patch = patch
+        self._lock = threading.Lock()
+        self._running = 0
+
+    def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
+        model = executor.class_obj
+        with self._lock:
+            if self._running == 0:
+                for number, (kind, attribute) in enumerate(self.patch.blocks.lists, 1):
+                    for index, layer in enumerate(getattr(model, attribute, None) or ()):
+                        layer.forward = LayerMerge(self.patch, kind, block_key(number, index), layer)
+            self._running += 1
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            with self._lock:
+                self._running -= 1
+                if self._running == 0:
+                    for _, attribute in self.patch.blocks.lists:
+                        for layer in getattr(model, attribute, None) or ():
+                            layer.__dict__.pop("forward", None)
+
+    def __deepcopy__(self, memo: dict) -> WrappedLayers:
+        return self
+
+
 def add_block_patches(patched: Any, patch: DitBlocks, diffusion_model: Any) -> None:
     """Set a :class:`BlockMerge` on each block of ``diffusion_model`` in the clone ``patched``'s options, chaining the
-    patch each replaces (:func:`drop_block_patches` has taken an earlier tokenmerge one off)."""
+    patch each replaces (:func:`drop_block_patches` has taken an earlier tokenmerge one off); a model without block
+    patches gets its :class:`WrappedLayers` instead."""
+    if patch.blocks.wrapped:
+        import comfy.patcher_extension
+
+        patched.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY, WrappedLayers(patch))
+        return
     options = patched.model_options.setdefault("transformer_options", {})
     replace = options.setdefault("patches_replace", {}).setdefault("dit", {})
     for number, (kind, attribute) in enumerate(patch.blocks.lists, 1):
@@ -180,9 +259,14 @@ def add_block_patches(patched: Any, patch: DitBlocks, diffusion_model: Any) -> N
 
 
 def drop_block_patches(patched: Any) -> bool:
-    """Take tokenmerge's block patches off the clone ``patched`` (restoring what each replaced); whether any were."""
+    """Take tokenmerge's block patches (and layer wrapper) off the clone ``patched`` (restoring what each replaced);
+    whether any were."""
+    import comfy.patcher_extension
+
     replace = patched.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
-    found = False
+    found = bool(getattr(patched, "wrappers", {}).get(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, {}).get(WRAPPER_KEY))
+    if found:
+        patched.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY)
     for key, value in list(replace.items()):
         if isinstance(value, BlockMerge):
             found = True

@@ -76,8 +76,9 @@ class DitPatch(SharedPatch):
     ``APPLY_MODEL`` wrapper that reads each call's grid and text length for the patches running inside it (per
     thread: the override and block patches see only their own arguments)."""
 
-    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...]) -> None:
+    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], pad: int = 1) -> None:
         self.config, self.model, self.patch = config, model, patch
+        self.pad = pad  # ComfyModel.pad_of the instance (Z-Image: 32)
         self._local = threading.local()
         self._said: set[str] = set()
 
@@ -131,9 +132,8 @@ class DitKeyValues(DitPatch):
     def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None, pad: int = 1) -> None:
         if not config.method_of.reduces_keys or "comfyui-dit" not in config.method_of.routes:
             raise ValueError(f"DitKeyValues reduces keys and values (a key/value method), got method={config.method!r}")
-        super().__init__(config, model, patch)
+        super().__init__(config, model, patch, pad)
         self.previous = previous
-        self.pad = pad  # ComfyModel.pad_of the instance (Z-Image: 32)
 
     def apply_model(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None, *args: Any, **kwargs: Any):
         # args: (control, transformer_options), as ComfyUI's BaseModel.apply_model passes them
@@ -244,7 +244,7 @@ def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
         patched.remove_wrappers_with_key("apply_model", WRAPPER_KEY)
     patch = model.patch_of(diffusion_model)
     if route == "comfyui-blocks":
-        wrapper: DitPatch = DitBlocks(config, model, patch)
+        wrapper: DitPatch = DitBlocks(config, model, patch, model.pad_of(diffusion_model))
         add_block_patches(patched, wrapper, diffusion_model)
     else:
         wrapper = DitKeyValues(config, model, patch, previous, model.pad_of(diffusion_model))
