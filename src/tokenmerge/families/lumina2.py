@@ -40,9 +40,10 @@ from .base import (
     text_length,
 )
 
-# ComfyUI's NextDiT (Lumina 2, Z-Image) offers no block replace patches: its main layers' forwards are wrapped for each
-# call, layer(x, mask, freqs_cis, adaln_input) over the joint [caption; image] sequence, the rotary rows along axis 1
-NEXTDIT_LAYERS = ComfyBlocks((("layer", "layers"),), joint=("layer",), pe_dims=(1,), wrapped=True)
+# ComfyUI's NextDiT (Lumina 2, Z-Image) offers no block replace patches: the forwards of its image refiner and main
+# layers are wrapped for each call, layer(x, mask, freqs_cis, adaln_input) over the image (and its padding) and the
+# joint [caption; image] sequence, the rotary rows along axis 1 (as the diffusers path, the caption refiner whole)
+NEXTDIT_LAYERS = ComfyBlocks((("noise_refiner", "noise_refiner"), ("layer", "layers")), joint=("layer",), pe_dims=(1,), wrapped=True)
 
 
 def block(module: torch.nn.Module, stream: str) -> BlockLayout:

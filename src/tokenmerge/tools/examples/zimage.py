@@ -108,4 +108,8 @@ COMFY = ComfyExample(
     video=False,
     caption_mask=True,
     since="0.33.0",
+    # model detection's Z-Image (dim 3840): 30 heads, Qwen3-4B's 2560-wide caption; the bench keeps its first layers
+    full={"dim": 3840, "cap_feat_dim": 2560, "n_heads": 30, "n_kv_heads": 30, "axes_dims": [32, 48, 48]},
+    full_context=2560,
+    blocks={"n_layers": 1},
 )
