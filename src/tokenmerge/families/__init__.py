@@ -145,7 +145,8 @@ def comfy_model_of(diffusion_model: object, image_model: str | None = None) -> C
             fits = [m for m in found if not m.image_models or image_model in m.image_models]
             fits = [m for m in fits if not any(c.__name__ in m.excludes for c in mro)]
             fits = [m for m in fits if not m.padded_by or m.pad_of(diffusion_model) > 1]  # the instance's own layout
-            chosen = min(fits, key=lambda m: not m.padded_by, default=None)  # the one its attributes name first
+            fits = [m for m in fits if not m.present or getattr(diffusion_model, m.present, None) is not None]
+            chosen = min(fits, key=lambda m: not (m.padded_by or m.present), default=None)  # the one its attributes name first
             return chosen.of_instance(diffusion_model) if chosen is not None else None
     return None
 

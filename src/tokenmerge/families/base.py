@@ -213,6 +213,9 @@ class ComfyModel:
     # The instance attribute holding the multiple to which the caption and the image are each padded at their end,
     # the image last ([caption + pad; image + pad]: Z-Image's NextDiT); an instance with it set is this layout.
     padded_by: str = ""
+    # An instance attribute set (not None) on this family's models only, where another family shares the class and its
+    # image_model (HunyuanVideo 1.5's ``vision_in`` on ComfyUI's HunyuanVideo): an instance with it is this family's
+    present: str = ""
     # Subclasses of its classes with another layout, not claimed: such a model runs unchanged with one notice (a
     # subclass is otherwise claimed by the nearest class of its MRO: Wan's VACE, ...)
     excludes: tuple[str, ...] = ()

@@ -49,6 +49,24 @@ def layout(module: torch.nn.Module) -> DenoiserLayout | None:
     return DenoiserLayout(module, [Container(module, blocks, 1, reader)], "hunyuanvideo", single_level=True)
 
 
+# ComfyUI's HunyuanVideo class, which HunyuanVideo 1.5 shares (families/hunyuanvideo15.py claims the instances with
+# a vision projection)
+COMFY = ComfyModel(
+    ("HunyuanVideo",),
+    "HunyuanVideo",
+    patch=(1, 2, 2),
+    image="last",
+    first_if="double_blocks.0.flipped_img_txt",
+    # 0.33's block patches: the video alone in the double blocks, [text; video] in the single ones; rotary rows
+    # [text; video] along axis 2 (0.3.64's flipped order offers none: auto instead)
+    blocks=ComfyBlocks((("double_block", "double_blocks"), ("single_block", "single_blocks")), joint=("single_block",), pe_dims=(2,)),
+    declines=("ref_latent",),
+    notes="comfy/ldm/hunyuan_video: q, k, v (B, H, S, D) after the rotary embedding; [text; video] in 0.33 (the text "
+    "of any make-up: LLM, byT5, SigLIP tokens, before the video), [video; text] in 0.3.64 (Flux's blocks flipped, "
+    "flipped_img_txt); the text refiner's attention (text only) left alone",
+)
+
+
 FAMILY = Family(
     px=(16, 4),
     name="hunyuanvideo",
@@ -60,18 +78,5 @@ FAMILY = Family(
     notes="grid: hidden_states (B, C, F, H, W) / (patch_size_t, patch_size, patch_size), frame-major; token_replace I2V: "
     "the first latent frame is a reference; text: encoder_hidden_states, after the video; rotary: image_rotary_emb "
     "(cos, sin), video rows, gathered at each sample's kept rows; the joint attention mask follows",
-    comfy=ComfyModel(
-        ("HunyuanVideo",),
-        "HunyuanVideo",
-        patch=(1, 2, 2),
-        image="last",
-        first_if="double_blocks.0.flipped_img_txt",
-        # 0.33's block patches: the video alone in the double blocks, [text; video] in the single ones; rotary rows
-        # [text; video] along axis 2 (0.3.64's flipped order offers none: auto instead)
-        blocks=ComfyBlocks((("double_block", "double_blocks"), ("single_block", "single_blocks")), joint=("single_block",), pe_dims=(2,)),
-        declines=("ref_latent",),
-        notes="comfy/ldm/hunyuan_video: q, k, v (B, H, S, D) after the rotary embedding; [text; video] in 0.33 (the text "
-        "of any make-up: LLM, byT5, SigLIP tokens, before the video), [video; text] in 0.3.64 (Flux's blocks flipped, "
-        "flipped_img_txt); the text refiner's attention (text only) left alone",
-    ),
+    comfy=COMFY,
 )

@@ -23,11 +23,14 @@ follow (nearest interpolations; others leave masked calls unchanged, with a warn
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..algorithms import TokenGrid, TokenLayout
 from . import Family
 from .base import Argument, Container, DenoiserLayout, Follow, joint_block, text_length
+from .hunyuanvideo import COMFY as HUNYUANVIDEO_COMFY
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="image")
 
@@ -74,4 +77,7 @@ FAMILY = Family(
     "(text, glyph text, image tokens; never reduced): after the video in the joint attention, its length the sum of "
     "encoder_hidden_states, encoder_hidden_states_2 and image_embeds; rotary: image_rotary_emb (cos, sin), video rows "
     "only, gathered at each sample's kept rows",
+    # ComfyUI runs it in HunyuanVideo's class (its instances with a SigLIP projection, vision_in): the same layout,
+    # the text before the video made of SigLIP, byT5 and LLM tokens
+    comfy=dataclasses.replace(HUNYUANVIDEO_COMFY, title="HunyuanVideo 1.5", present="vision_in"),
 )

@@ -10,6 +10,7 @@ width (or the published one with ``full=True`` and the first blocks), through ``
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -75,6 +76,10 @@ def conditioning(name: str, seed: int = 1, tokens: int = 8, full: bool = False) 
             extra["attention_mask"] = torch.ones(1, tokens, dtype=torch.long)
         if found.llama3_layers:
             extra["conditioning_llama3"] = torch.randn(1, found.llama3_layers, tokens, context, generator=g)
+        for key, length, width in found.extra_conditioning:
+            extra[key] = torch.randn(1, length, width, generator=g)
+        if found.clip_vision is not None:
+            extra["clip_vision_output"] = SimpleNamespace(last_hidden_state=torch.randn(1, *found.clip_vision, generator=g))
         return [[torch.randn(1, tokens, context, generator=g), extra]]
 
     return one(), one()

@@ -61,7 +61,8 @@ class ComfyExample:
     width's overrides (``full_context``, ``full_pooled``) and the config keys counting ``blocks`` (and their
     proportion), where the ComfyUI bench runs it at full width; ``later_fields``: (module, parameters dataclass,
     fields) that newer ComfyUIs' model detection adds, set where that dataclass declares them; ``audio``: the audio
-    latent sampled with the video (one nested latent)."""
+    latent sampled with the video (one nested latent); ``extra_conditioning``, ``clip_vision``: further conditioning the
+    sampler gets (byT5 glyph text, CLIP-vision tokens)."""
 
     supported: str
     unet_config: dict[str, Any]
@@ -78,6 +79,10 @@ class ComfyExample:
     blocks: dict[str, int] | None = None
     later_fields: tuple[str, str, dict[str, Any]] | None = None
     audio: tuple[int, int, int] | None = None  # an audio latent (channels, frames, bins) beside the video (LTX-2)
+    # more conditioning its text encoders hand over: (key, tokens, width) tensors (HunyuanVideo 1.5's byT5 glyph text),
+    # and CLIP-vision tokens (tokens, width) as a clip_vision_output
+    extra_conditioning: tuple[tuple[str, int, int], ...] = ()
+    clip_vision: tuple[int, int] | None = None
 
 
 @cache

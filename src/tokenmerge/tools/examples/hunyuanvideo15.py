@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from . import Example
+from . import ComfyExample, Example
+from .hunyuanvideo import COMFY as HUNYUANVIDEO_COMFY
 
 
 def inputs(model: torch.nn.Module, height: int, width: int, batch: int, seed: int, text_tokens: int, frames: int = 3) -> dict[str, Any]:
@@ -85,3 +86,31 @@ EXAMPLES = {
         vae_factor=16,
     )
 }
+
+
+# ComfyUI 0.33's HunyuanVideo15 (HunyuanVideo's class with byT5 glyph text, a SigLIP projection, the condition-type
+# embedding and 1x1x1 patches of a 32-channel latent; 65 input channels: latent, image condition, mask), at a tiny
+# width: its conditioning adds byT5 tokens and SigLIP tokens, placed before the prompt in the joint attention.
+COMFY = ComfyExample(
+    supported="HunyuanVideo15",
+    unet_config={
+        **HUNYUANVIDEO_COMFY.unet_config,
+        "in_channels": 65,
+        "out_channels": 32,
+        "patch_size": [1, 1, 1],
+        "byt5": True,
+        "vision_in_dim": 16,
+    },
+    context=32,
+    pooled=32,
+    channels=32,
+    video=True,
+    since="0.33.0",
+    later_fields=(
+        "comfy.ldm.hunyuan_video.model",
+        "HunyuanVideoParams",
+        {"use_cond_type_embedding": True, "meanflow_sum": False},
+    ),
+    extra_conditioning=(("conditioning_byt5small", 6, 1472),),
+    clip_vision=(5, 16),
+)
