@@ -12,7 +12,7 @@ import torch
 import tokenmerge
 from tokenmerge.tools.architectures import build_model, transformer_inputs
 from tokenmerge.tools.cli import main
-from tokenmerge.tools.distilled import SCHEDULES, family_pipeline, image_tokens, schedule_named
+from tokenmerge.tools.distilled import SCHEDULES, image_tokens, schedule_named
 from tokenmerge.tools.examples import examples
 from tokenmerge.tools.loops import flow_loop
 
@@ -48,9 +48,9 @@ def test_auto_reduces_the_last_half_of_each_published_schedule_through_its_pipel
     plan = SCHEDULES[schedule]
     net = build_model(plan.model, small=True)
     inputs = transformer_inputs(net, plan.model, **_latent(plan.model))
-    scheduler = plan.scheduler_for()
-    pipe = family_pipeline(net, scheduler)
-    plan.set_timesteps(scheduler, image_tokens(inputs))
+    pipe = plan.pipeline_around(net)
+    plan.set_timesteps(pipe, image_tokens(inputs))
+    scheduler = pipe.scheduler
     clock = type("Clock", (), {"steps": plan.steps, "timestep": 1000.0})()
     ends: list[int] = []
     net.register_forward_hook(lambda *_: ends.append(len(calls.calls)))

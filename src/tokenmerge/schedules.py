@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import inspect
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 # How pipelines' __call__ build their sigmas (a source fragment -> the sigmas for N steps, with numpy), in order.
@@ -27,9 +28,17 @@ _SIGMAS = (
 def pipeline_timesteps(pipe: Any, steps: int, tokens: int) -> list[float]:
     """The timesteps (on the scheduler's 0..num_train_timesteps scale) of a ``steps``-step generation of ``pipe`` whose
     image (or video) has ``tokens`` tokens, as its ``__call__`` sets its scheduler (a copy of it is set here)."""
+    scheduler = copy.deepcopy(pipe.scheduler)
+    set_timesteps(pipe, scheduler, steps, tokens)
+    return [float(t) for t in scheduler.timesteps]
+
+
+def set_timesteps(pipe: Any, scheduler: Any, steps: int, tokens: int, sigmas: Sequence[float] | None = None) -> None:
+    """Set ``scheduler``'s timesteps for a ``steps``-step generation of ``pipe`` on ``tokens`` tokens as its ``__call__``
+    does: its default sigmas, or ``sigmas`` where a caller passes its own (a distilled model's), and the ``mu`` of a
+    dynamically shifted scheduler."""
     import numpy as np
 
-    scheduler = copy.deepcopy(pipe.scheduler)
     module = sys.modules.get(type(pipe).__module__)
     try:
         source = inspect.getsource(type(pipe).__call__)
@@ -49,12 +58,12 @@ def pipeline_timesteps(pipe: Any, steps: int, tokens: int) -> list[float]:
                 config.get("base_shift", 0.5),
                 config.get("max_shift", 1.15),
             )
-    sigmas = next((make(np, steps) for fragment, make in _SIGMAS if fragment in source), None) if "sigmas" in accepts else None
+    if sigmas is None and "sigmas" in accepts:
+        sigmas = next((make(np, steps) for fragment, make in _SIGMAS if fragment in source), None)
     if sigmas is not None:
-        scheduler.set_timesteps(sigmas=sigmas, **kwargs)
+        scheduler.set_timesteps(sigmas=list(sigmas), **kwargs)
     else:
         scheduler.set_timesteps(steps, **kwargs)
-    return [float(t) for t in scheduler.timesteps]
 
 
 def noise_of(pipe: Any, timestep: float) -> float:

@@ -40,7 +40,7 @@ from .architectures import (
     transformer_inputs,
     unet_inputs,
 )
-from .distilled import Schedule, family_pipeline, image_tokens, schedule_named
+from .distilled import Schedule, image_tokens, schedule_named
 from .examples import examples
 from .progress import progress_bar, wait_while_paused
 from .specs import PatchSpec, available
@@ -214,8 +214,8 @@ def _looped(
     net: torch.nn.Module, name: str, spec: PatchSpec | None, defaults: dict[str, Any], clock: Any, plan: Schedule | None = None
 ) -> Callable[[dict[str, Any]], torch.Tensor]:
     """One whole flow-matching loop of a transformer (:func:`tokenmerge.tools.loops.flow_loop`) with the spec and its
-    step caches on; with a published few-step ``plan``, at its scheduler's sigmas, the spec patching the family's
-    pipeline around the transformer and that scheduler (where the few-step rule reads the schedule)."""
+    step caches on; with a published few-step ``plan``, at its scheduler's sigmas, the spec patching its pipeline around
+    the transformer and that scheduler (where the few-step rule reads the schedule)."""
     from .loops import flow_loop
 
     if plan is None:
@@ -225,13 +225,12 @@ def _looped(
                 return flow_loop(net, name, inputs, clock)
 
         return sample
-    scheduler = plan.scheduler_for()
-    pipe = family_pipeline(net, scheduler)
+    pipe = plan.pipeline_around(net)
 
     def scheduled(inputs: dict[str, Any]) -> torch.Tensor:
-        plan.set_timesteps(scheduler, image_tokens(inputs))
+        plan.set_timesteps(pipe, image_tokens(inputs))
         with contextlib.nullcontext() if spec is None else spec.applied(pipe, clock=clock, **defaults):
-            return flow_loop(net, name, inputs, clock, scheduler.sigmas.tolist())
+            return flow_loop(net, name, inputs, clock, pipe.scheduler.sigmas.tolist())
 
     return scheduled
 

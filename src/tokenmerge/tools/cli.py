@@ -427,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedule",
         choices=tuple(SCHEDULES),
         help="whole loops of a published few-step model: its transformer's config, steps, default size and its pipeline's "
-        "sigmas, the variants patching the family's pipeline around it (where auto's few-step rule reads the schedule)",
+        "sigmas, the variants patching its diffusers pipeline around it (where auto's few-step rule reads the schedule)",
     )
     bench.add_argument("--ratio", type=float, default=DEFAULTS.ratio, help="ratio of the default tomesd/tome rows and of --comfyui")
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
