@@ -129,6 +129,14 @@ def test_accelerators_need_whole_sampling_loops(capsys):
         main(["bench", "--small", "--variants", "auto+deepcache"])
 
 
+@pytest.mark.parametrize("argv", [["--batch", "3"], ["--steps", "4", "--batch", "2"]])
+def test_bench_comfyui_transformers_sample_at_cfg_1_or_2(argv):
+    """ComfyUI's DiT bench: its batch is the sampler's (CFG 2: both halves in one call; CFG 1: the conditional alone),
+    and its whole loops run at CFG 1 as the diffusers loops do."""
+    with pytest.raises(SystemExit, match="CFG 2"):
+        main(["bench", "--comfyui", "--model", "flux", *argv])
+
+
 @pytest.mark.parametrize("attention", ["default", "pytorch"])
 def test_bench_comfyui_reports_the_attention_share_only_where_it_times_attention(attention):
     # ComfyUI's default CPU attention (sub-quadratic) does not go through SDPA: no share can be measured there.

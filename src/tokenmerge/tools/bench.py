@@ -557,12 +557,16 @@ def run_comfy_dit_bench(
     blocks: int = 1,
     frames: tuple[int, ...] = (),
     attention: str = "pytorch",
+    steps: int = 0,
+    cfg: float = 2.0,
     log: Callable[[str], None] = print,
 ) -> list[Row]:
     """ComfyUI's own diffusion transformer ``model`` (flux, qwen-image, wan) at its published width with its first
-    ``blocks`` blocks: vanilla and tokenmerge's node per spec, each timed as one step of ComfyUI's KSampler (one
-    model call on the conditional and unconditional batch of two). Needs a ComfyUI checkout (>= 0.3.60) named by
-    ``COMFYUI_PATH``; ``attention="pytorch"`` (SDPA) lets the attention share be measured."""
+    ``blocks`` blocks: vanilla and tokenmerge's node per spec, each timed as one step of ComfyUI's KSampler (at
+    ``cfg`` 2 one model call on the conditional and unconditional batch of two, at 1 the conditional alone), or with
+    ``steps`` a whole KSampler loop of that many steps from pure noise (what a token cache needs; CFG 1 as the
+    diffusers loops). Needs a ComfyUI checkout (>= 0.3.60) named by ``COMFYUI_PATH``; ``attention="pytorch"`` (SDPA) lets the
+    attention share be measured."""
     import os
 
     from .architectures import TEXT_TOKENS
@@ -579,20 +583,23 @@ def run_comfy_dit_bench(
     log(f"ComfyUI attention backend: {attention_backend()}")
     patcher = comfy_dits.build(model, blocks=blocks)
     tokens = TEXT_TOKENS[model]
-    step = dict(tokens=tokens, full=True, noise=BENCH_NOISE)  # one step from a low noise level, which every default reduces
-    variants = [Variant("vanilla", lambda inputs: comfy_dits.sample(patcher, model, 1, **step, **inputs))]
+    # one step from a low noise level, which every default reduces; or a whole loop
+    step: dict[str, Any] = dict(tokens=tokens, full=True, cfg=cfg) if steps else dict(tokens=tokens, full=True, cfg=cfg, noise=BENCH_NOISE)
+    count = steps or 1
+    variants = [Variant("vanilla", lambda inputs: comfy_dits.sample(patcher, model, count, **step, **inputs))]
     for spec in specs:
         parsed = PatchSpec.parse(spec)
         patched = patch_model(patcher, TokenMergeConfig(**parsed.kwargs()))
         name = f"tokenmerge node {parsed.name.removeprefix('tokenmerge ')}"
-        variants.append(Variant(name, lambda inputs, p=patched: comfy_dits.sample(p, model, 1, **step, **inputs)))
-    video = comfy_dits.example(model).video
+        variants.append(Variant(name, lambda inputs, p=patched: comfy_dits.sample(p, model, count, **step, **inputs)))
+    example = comfy_dits.example(model)
+    video, down = example.video, example.downscale
     sizes: dict[Size, Callable[[], dict[str, Any]]] = {}
     for size in sizes_px:
         h, w = (size, size) if isinstance(size, int) else size
         for f in frames or ((81,) if video else (0,)):
             key = VideoSize(h, w, f) if video else size
-            latent = {"height": h // 8, "width": w // 8} | ({"frames": (f - 1) // 4 + 1} if video else {})
+            latent = {"height": h // down, "width": w // down} | ({"frames": (f - 1) // 4 + 1} if video else {})
             sizes[key] = lambda latent=latent: latent
     return time_variants(variants, sizes, repeats, log=log)
 

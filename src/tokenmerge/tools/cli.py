@@ -27,6 +27,7 @@ def _bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.schedule:
         _few_step_defaults(args)
+    batch_given = args.batch is not None
     args.model, args.sizes, args.batch = args.model or "sd15", args.sizes or [768], args.batch or 2
     common = dict(sizes_px=tuple(args.sizes), batch=args.batch, repeats=args.repeats, seed=args.seed, small=args.small)
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
@@ -35,8 +36,14 @@ def _bench(args: argparse.Namespace) -> int:
     if args.comfyui and args.model in TRANSFORMERS:
         from .bench import run_comfy_dit_bench
 
-        if args.compile or args.device != "cpu" or args.steps:
-            raise SystemExit("tokenmerge bench: error: --comfyui runs ComfyUI's own model on the CPU; drop --compile/--device/--steps")
+        if args.compile or args.device != "cpu":
+            raise SystemExit("tokenmerge bench: error: --comfyui runs ComfyUI's own model on the CPU; drop --compile/--device")
+        if args.batch not in (1, 2) or (args.steps and args.batch != 1 and batch_given):
+            raise SystemExit(
+                "tokenmerge bench: error: --comfyui on a transformer samples at CFG 2 (--batch 2, the default: both halves in one "
+                "call) or CFG 1 (--batch 1); its --steps loops at CFG 1 (--batch 1)"
+            )
+        args.batch = 1 if args.steps else args.batch
         attention = "pytorch" if args.comfy_attention == "default" else args.comfy_attention
         try:
             rows = run_comfy_dit_bench(
@@ -47,11 +54,16 @@ def _bench(args: argparse.Namespace) -> int:
                 args.blocks or 1,
                 tuple(args.frames),
                 attention,
+                steps=args.steps,
+                cfg=float(args.batch),
                 log=log,
             )
         except ValueError as error:
             raise SystemExit(f"tokenmerge bench: error: {error}") from error
         label = f"ComfyUI {args.model} (its own classes, first {args.blocks or 1} block(s) at full width, {attention} attention)"
+        label += f", CFG {args.batch} (one call of batch {args.batch} per step)"
+        if args.steps:
+            label += f", whole KSampler loops of {args.steps} euler steps"
     elif args.comfyui:
         if args.model != "sd15" or args.variants or args.compile or args.device != "cpu" or args.blocks:
             raise SystemExit(

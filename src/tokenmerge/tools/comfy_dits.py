@@ -98,12 +98,20 @@ def latent(name: str, height: int = 32, width: int = 32, frames: int = 3) -> dic
 
 
 def sample(
-    model: Any, name: str, steps: int = 2, seed: int = 0, tokens: int = 8, full: bool = False, noise: float | None = None, **size: int
+    model: Any,
+    name: str,
+    steps: int = 2,
+    seed: int = 0,
+    tokens: int = 8,
+    full: bool = False,
+    noise: float | None = None,
+    cfg: float = 2.0,
+    **size: int,
 ) -> torch.Tensor:
     """ComfyUI's KSampler path (``nodes.common_ksampler``): euler, CFG 2 (one model call per step on a batch of
-    two: conditional and unconditional), the given steps; ``noise``: one step instead, from the sigma at that noise
-    level (1 = pure noise) to 0, through ``comfy.sample.sample``'s own sigmas. A nested latent (video and audio)
-    comes back as one flat tensor of its streams."""
+    two: conditional and unconditional; ``cfg=1``: the conditional alone), the given steps; ``noise``: one step
+    instead, from the sigma at that noise level (1 = pure noise) to 0, through ``comfy.sample.sample``'s own sigmas.
+    A nested latent (video and audio) comes back as one flat tensor of its streams."""
     import comfy.sample
     import nodes
 
@@ -113,13 +121,13 @@ def sample(
     empty = latent(name, **size)
     with torch.inference_mode():
         if noise is None:
-            (found,) = nodes.common_ksampler(model, seed, steps, 2.0, "euler", "simple", positive, negative, empty)
+            (found,) = nodes.common_ksampler(model, seed, steps, cfg, "euler", "simple", positive, negative, empty)
             out = found["samples"]
         else:
             x = comfy.sample.fix_empty_latent_channels(model, empty["samples"])
             sigmas = torch.tensor([sigma_at_noise(model.get_model_object("model_sampling"), noise), 0.0])
             start = comfy.sample.prepare_noise(x, seed)
-            out = comfy.sample.sample(model, start, 1, 2.0, "euler", "simple", positive, negative, x, sigmas=sigmas, seed=seed)
+            out = comfy.sample.sample(model, start, 1, cfg, "euler", "simple", positive, negative, x, sigmas=sigmas, seed=seed)
     return torch.cat([t.flatten() for t in out.unbind()]) if getattr(out, "is_nested", False) else out
 
 

@@ -9,6 +9,7 @@ one order) defines ``FAMILY`` (its family's registry name) and ``EXAMPLES`` (ben
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable
@@ -62,7 +63,8 @@ class ComfyExample:
     proportion), where the ComfyUI bench runs it at full width; ``later_fields``: (module, parameters dataclass,
     fields) that newer ComfyUIs' model detection adds, set where that dataclass declares them; ``audio``: the audio
     latent sampled with the video (one nested latent); ``extra_conditioning``, ``clip_vision``: further conditioning the
-    sampler gets (byT5 glyph text, CLIP-vision tokens)."""
+    sampler gets (byT5 glyph text, CLIP-vision tokens); ``downscale``: pixels per latent cell (Flux.2's and Wan 2.2
+    TI2V's VAEs: 16); ``family``: the family module it belongs to (set by :func:`comfy_examples`)."""
 
     supported: str
     unet_config: dict[str, Any]
@@ -83,16 +85,21 @@ class ComfyExample:
     # and CLIP-vision tokens (tokens, width) as a clip_vision_output
     extra_conditioning: tuple[tuple[str, int, int], ...] = ()
     clip_vision: tuple[int, int] | None = None
+    downscale: int = 8
+    family: str = ""
 
 
 @cache
 def comfy_examples() -> dict[str, ComfyExample]:
-    """The ComfyUI examples, by family name."""
+    """The ComfyUI examples: each family's by its name, and a family's further models (``COMFY_MORE``: Wan 2.2 TI2V)
+    by theirs."""
     found = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{info.name}")
         if getattr(module, "COMFY", None) is not None:
-            found[module.FAMILY] = module.COMFY
+            found[module.FAMILY] = dataclasses.replace(module.COMFY, family=module.FAMILY)
+        for name, example in getattr(module, "COMFY_MORE", {}).items():
+            found[name] = dataclasses.replace(example, family=module.FAMILY)
     return found
 
 

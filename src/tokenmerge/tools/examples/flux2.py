@@ -112,4 +112,8 @@ COMFY = ComfyExample(
     channels=128,
     video=False,
     since="0.4",  # model detection's Flux.2 keys: 1x1 patches of a 128-channel latent
+    full={"context_in_dim": 15360, "hidden_size": 6144, "num_heads": 48, "axes_dim": [32, 32, 32, 32]},
+    full_context=15360,
+    blocks={"depth": 1, "depth_single_blocks": 1},  # as the diffusers example's first blocks: one of each
+    downscale=16,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any
 
@@ -151,3 +152,15 @@ COMFY = ComfyExample(
     full_pooled=0,
     blocks={"num_layers": 1},
 )
+
+# Wan 2.2 TI2V 5B in ComfyUI (WAN22_T2V: 48 latent channels of its 16x VAE, per-token timesteps where an image is given).
+COMFY_MORE = {
+    "wan-ti2v": dataclasses.replace(
+        COMFY,
+        supported="WAN22_T2V",
+        unet_config={**COMFY.unet_config, "in_dim": 48, "out_dim": 48},
+        channels=48,
+        full={"dim": 3072, "num_heads": 24, "ffn_dim": 14336, "text_dim": 4096},
+        downscale=16,
+    )
+}
