@@ -105,7 +105,7 @@ def test_deterministic_and_seeded(sd15):
         (dict(sx=0), ValueError, "sx must be an int >= 1"),
         (dict(max_downsample="3"), ValueError, "max_downsample must be one of auto, 1, 2, 4, 8"),
         (dict(use_rand="no"), TypeError, "use_rand must be True or False"),
-        (dict(method="tokencache"), ValueError, "method='tokencache' does not run through ComfyUI's model patcher yet"),
+        (dict(method="tokencache"), ValueError, "method='tokencache' runs on ComfyUI's diffusion transformers, around their blocks"),
     ],
 )
 def test_node_options_validate_with_clear_errors(sd15, kwargs, error, match):
@@ -130,7 +130,9 @@ def test_node_declares_its_inputs():
         "kv_interpolation",
         "max_noise",
     }
-    assert inputs["method"][0] == ["tome", "todo", "auto"]  # choices, not free text; the methods that run here
+    assert inputs["method"][0] == ["tome", "todo", "auto", "tokencache"]  # choices, not free text; the methods that run here
+    # tokencache's options are optional inputs: a workflow saved before them loads with their defaults
+    assert set(TokenMergeNode.INPUT_TYPES()["optional"]) == {"recompute", "refresh_every", "full_steps"}
 
 
 def test_token_grid_recovers_odd_sizes():

@@ -140,6 +140,7 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
         }
         if found.blocks is not None:
             report["models"][name]["tome"] = _tome_blocks(comfy_dits, node, name, model, found, vanilla)
+            report["models"][name]["tokencache"] = _tokencache_blocks(comfy_dits, node, name, model, found)
     report["threads_equal"] = _threads(comfy_dits, node)
     if "z-image" in models:
         report["threads_equal_wrapped"] = _threads(comfy_dits, node, "z-image", method="tome", ratio=0.5)
@@ -227,6 +228,87 @@ def _tome_blocks(comfy_dits, node, name: str, model, found, vanilla) -> dict:
         "seen_plain": seen_plain,
         "seen_tome": seen_tome,
     }
+
+
+STEPS, CACHE = 6, dict(method="tokencache", recompute=0.5, full_steps=1, refresh_every=10)  # steps 1-2 full, 3-6 cached
+
+
+def _tokencache_blocks(comfy_dits, node, name: str, model, found) -> dict:
+    """The token cache through the block replace patches (over another node's block patches, or the wrapped layers of
+    a model without them) and the attention override (under another node's override set after it)."""
+    import torch
+
+    recorder = _BlockRecorder()
+    other = model.clone()
+    hooks = []
+    for kind, attribute in found.blocks.lists:
+        for i, block in enumerate(getattr(model.model.diffusion_model, attribute)):
+            if found.blocks.wrapped:
+                hooks.append(block.attention.register_forward_pre_hook(lambda _, a: recorder.seen.append(a[0].shape[1])))
+            else:
+                other.set_model_patch_replace(recorder, "dit", kind, i)
+    try:
+        vanilla = comfy_dits.sample(model, name, STEPS)
+        recorder.seen.clear()
+        plain = comfy_dits.sample(other, name, STEPS)
+        seen_plain = list(recorder.seen)
+        identity = comfy_dits.sample(node.patch(other, **{**CACHE, "recompute": 1.0})[0], name, STEPS)
+        patched = node.patch(other, **CACHE)[0]
+        recorder.seen.clear()
+        first = comfy_dits.sample(patched, name, STEPS)
+        seen_cache = list(recorder.seen)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    cache = patched.model_options["transformer_options"]["optimized_attention_override"]
+    held_after = getattr(cache._local, "generations", None)
+    again = comfy_dits.sample(patched, name, STEPS)
+    later = node.patch(model, **CACHE)[0]
+    counter = comfy_dits.KeyCounter()  # another node's override set after tokenmerge's: it gets every key
+    later.model_options["transformer_options"]["optimized_attention_override"] = counter
+    comfy_dits.sample(later, name, STEPS)
+    return {
+        "plain_equal": bool(torch.equal(plain, vanilla)),
+        "identity_equal": bool(torch.equal(identity, vanilla)),
+        "rel_l2": comfy_dits.relative_l2(first, vanilla),
+        "deterministic": bool(torch.equal(first, again)),
+        "freed": held_after is None,
+        "seen_plain": seen_plain,
+        "seen_cache": seen_cache,
+        "calls_later": counter.calls,
+        "unchanged_rel_l2": _cached_step_of_unchanged_input(comfy_dits, node, name, model),
+    }
+
+
+def _cached_step_of_unchanged_input(comfy_dits, node, name: str, model) -> float:
+    """The same call three times in one generation (the slot memory reset between them, so that each counts as the
+    next step): the third is a cached step on the inputs the second, a full step, computed every token from; every
+    token's keys, rotary row and residual right, it gives the full step's output (to rounding)."""
+    import comfy.sample
+    import comfy.samplers
+    import torch
+
+    outputs: list = []
+    probed = model.clone()
+
+    def thrice(executor, *args, **kwargs):  # outside tokenmerge's apply_model wrapper: three calls of it
+        for _ in range(3):
+            cache.generations().last = (None, -1)
+            outputs.append(executor(*args, **kwargs))
+        return outputs[-1]
+
+    probed.add_wrapper_with_key("apply_model", "probe", thrice)
+    patched = node.patch(probed, **CACHE)[0]
+    cache = patched.model_options["transformer_options"]["optimized_attention_override"]
+    positive, negative = comfy_dits.conditioning(name)
+    x = comfy.sample.fix_empty_latent_channels(model, comfy_dits.latent(name)["samples"])
+    guider = comfy.samplers.CFGGuider(patched)
+    guider.set_conds(positive, negative)
+    guider.set_cfg(2.0)
+    sigmas = torch.tensor([float(model.get_model_object("model_sampling").percent_to_sigma(0.3)), 0.0])
+    with torch.inference_mode():
+        guider.sample(comfy.sample.prepare_noise(x, 0), x, comfy.samplers.sampler_object("euler"), sigmas, seed=0)
+    return comfy_dits.relative_l2(outputs[2], outputs[1])
 
 
 def _seeded_whatever_memory_holds(comfy_dits, name: str, model) -> bool:
@@ -345,7 +427,7 @@ def test_each_model_is_recognised_as_its_family(comfyui, name):
     found = comfyui["models"][name]
     from tokenmerge.families import get
 
-    assert found["comfy_model"] == get(name).comfy.title
+    assert found["comfy_model"] == get(comfy_examples()[name].family).comfy.title
 
 
 @each_model
@@ -422,8 +504,7 @@ def test_autos_default_reduces_the_last_half_of_a_few_step_schedule(comfyui, nam
     assert per_step[2] == per_step[3] != step
 
 
-# HunyuanVideo's block patches are read in 0.33 only (0.3.64's flipped order: auto instead)
-BLOCK_CASES = [(v, n) for v, n in CASES if get_family(n).comfy.blocks is not None and (v, n) != ("0.3.64", "hunyuanvideo")]
+BLOCK_CASES = [(v, n) for v, n in CASES if get_family(comfy_examples()[n].family).comfy.blocks is not None]
 
 
 @pytest.mark.parametrize("comfyui,name", BLOCK_CASES, indirect=["comfyui"])
@@ -438,6 +519,26 @@ def test_tome_merges_around_comfyuis_blocks_with_the_rotary_rows_following(comfy
     assert found["rel_l2"] > 1e-4 and found["permuted_rel_l2"] < 1e-5
     plain, tome = found["seen_plain"], found["seen_tome"]
     assert len(plain) == len(tome) and all(t == p - image // 2 for p, t in zip(plain, tome)), (plain, tome)
+
+
+@pytest.mark.parametrize("comfyui,name", BLOCK_CASES, indirect=["comfyui"])
+def test_tokencache_runs_through_comfyuis_blocks_with_every_tokens_keys(comfyui, name):
+    """``method="tokencache"`` through the block replace patches (over another node's) and the attention override:
+    identity bit-identical; steps 1-2 full, steps 3-6 recompute half of each block's image tokens (text and references
+    whole); the recomputed queries get every image token's keys (an override set after tokenmerge's sees more keys than
+    queries); a cached step on unchanged inputs equals the full step (keys, rotary rows and residuals each token's own);
+    deterministic, its cache freed when the sampling run ends."""
+    found = comfyui["models"][name]["tokencache"]
+    image = comfyui["models"][name]["image_tokens"]
+    assert found["plain_equal"] and found["identity_equal"] and found["deterministic"] and found["freed"]
+    assert found["rel_l2"] > 1e-4 and found["unchanged_rel_l2"] < 1e-5
+    plain, cache = found["seen_plain"], found["seen_cache"]
+    per_step = len(plain) // STEPS
+    assert len(plain) == len(cache) and cache[: 2 * per_step] == plain[: 2 * per_step]
+    assert all(c == p - image // 2 for p, c in zip(plain[2 * per_step :], cache[2 * per_step :])), (plain, cache)
+    calls = found["calls_later"]
+    step = len(calls) // STEPS
+    assert all(q == k or k < image for q, k in calls[: 2 * step]) and any(k - q == image // 2 for q, k in calls[2 * step :])
 
 
 @each_version

@@ -175,12 +175,13 @@ IMAGE_PLACES = ("after_text", "first", "last", "alone")
 @dataclass(frozen=True)
 class ComfyBlocks:
     """Where ComfyUI's block replace patches (``transformer_options["patches_replace"]["dit"][(kind, i)]``, called
-    with the block's arguments and an ``original_block``) reach a family's blocks, for ``method="tome"`` on ComfyUI
-    (:mod:`tokenmerge.integrations.comfyui_blocks`): each kind with the diffusion model's attribute listing its blocks;
-    the kinds whose ``"img"`` argument is the joint [text; image] sequence (Flux's single-stream blocks); the token
-    axes the ``"pe"`` rotary table may have (the first as long as the stream is taken: ComfyUI versions differ), its
-    rows [whatever precedes the stream; the stream] (empty: no table); ``wrapped``: a model without block patches whose
-    layers' forwards tokenmerge wraps for the duration of each call."""
+    with the block's arguments and an ``original_block``) reach a family's blocks, for ``method="tome"`` and
+    ``"tokencache"`` on ComfyUI (:mod:`tokenmerge.integrations.comfyui_blocks`): each kind with the diffusion model's
+    attribute listing its blocks; the kinds whose ``"img"`` argument is the joint [text; image] sequence (Flux's
+    single-stream blocks); the token axes the ``"pe"`` rotary table may have (the first as long as the stream is taken:
+    ComfyUI versions differ), its rows and a mask's columns [whatever precedes the stream; the stream], or with
+    ``stream_first`` [the stream; whatever follows it] (empty ``pe_dims``: no table); ``wrapped``: a model without block
+    patches whose layers' forwards tokenmerge wraps for the duration of each call."""
 
     lists: tuple[tuple[str, str], ...]  # (kind, diffusion_model attribute), e.g. ("double_block", "double_blocks")
     joint: tuple[str, ...] = ()
@@ -188,6 +189,7 @@ class ComfyBlocks:
     # No replace patch reaches these blocks (NextDiT): their forwards are wrapped for each call of the model instead,
     # each called as ``layer(x, mask, rotary, modulation, ...)``
     wrapped: bool = False
+    stream_first: bool = False  # rotary rows and mask columns [the stream; the text] (HunyuanVideo before 0.4)
 
 
 @dataclass(frozen=True)
@@ -228,8 +230,9 @@ class ComfyModel:
         found: Any = diffusion_model
         for name in self.first_if.split(".") if self.first_if else ():
             found = getattr(found, name, None)
-        if self.first_if and found is True:  # the older order: its block patches' rotary rows are not [text; image]
-            return dataclasses.replace(self, image="first", first_if="", blocks=None)
+        if self.first_if and found is True:  # the older order: the image first in every call, its rows before the text's
+            blocks = dataclasses.replace(self.blocks, stream_first=True) if self.blocks is not None else None
+            return dataclasses.replace(self, image="first", first_if="", blocks=blocks)
         return self
 
     def pad_of(self, diffusion_model: Any) -> int:

@@ -302,6 +302,12 @@ def patch_model(model_patcher: Any, config: TokenMergeConfig) -> Any:
     dit = patch_dit(model_patcher, config)
     if dit is not None:
         return dit
+    if "comfyui-unet" not in config.method_of.routes:
+        raise ValueError(
+            f"method={config.method!r} runs on ComfyUI's diffusion transformers, around their blocks; ComfyUI's UNets offer "
+            "patch points around attention only; method must be one of "
+            f"{', '.join(methods_on('comfyui-unet'))} on a UNet"
+        )
     patch = ComfyTokenMerge(config, top_attention_level(model_patcher), model_sampling_of(model_patcher))
     patched = model_patcher.clone()
     if _drop_earlier_patches(patched):
@@ -321,7 +327,10 @@ class TokenMergeNode:
     CATEGORY = "model_patches/unet"
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "patch"
-    DESCRIPTION = "Token merging (ToMe for SD) with merged queries, keys and values, or key/value downsampling (todo/auto); SDXL gets its level automatically."
+    DESCRIPTION = (
+        "Token merging (ToMe for SD) with merged queries, keys and values, key/value downsampling (todo/auto), or token-wise "
+        "caching across steps (tokencache, diffusion transformers); SDXL gets its level automatically."
+    )
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
@@ -353,7 +362,27 @@ class TokenMergeNode:
                         "0: the method's default (auto 0.4, which keeps more quality than ToMe 0.5 on the reference models; tome, todo 1)",
                     },
                 ),
-            }
+            },
+            "optional": {  # method tokencache (diffusion transformers); optional: earlier workflows load unchanged
+                "recompute": (
+                    "FLOAT",
+                    {
+                        "default": d.recompute,
+                        "min": 0.01,
+                        "max": 1.0,
+                        "step": 0.01,
+                        "tooltip": "method tokencache: the share of image tokens a cached step recomputes",
+                    },
+                ),
+                "refresh_every": (
+                    "INT",
+                    {"default": d.refresh_every, "min": 1, "max": 100, "tooltip": "method tokencache: a full step every this many steps"},
+                ),
+                "full_steps": (
+                    "INT",
+                    {"default": d.full_steps, "min": 0, "max": 100, "tooltip": "method tokencache: the first steps computed fully"},
+                ),
+            },
         }
 
     def patch(self, model: Any, max_downsample: str = "auto", max_noise: float = 0.0, **options: Any) -> tuple[Any]:

@@ -1,4 +1,4 @@
-"""``method="tome"`` on ComfyUI's diffusion transformers, through their block replace patches.
+"""``method="tome"`` and ``"tokencache"`` on ComfyUI's diffusion transformers, through their block replace patches.
 
 ComfyUI's DiTs call ``transformer_options["patches_replace"]["dit"][(kind, i)](args, {"original_block": f})`` in
 place of their block ``i`` where one is set, with the block's inputs in ``args`` (``"img"``, ``"txt"``, ``"vec"``,
@@ -9,6 +9,8 @@ the block, after this point, so it sees the merged sequence with the right posit
 patch that stood there before, which is chained) on the merged sequence, and adds the block's output residual back
 to every token from its destination: attention and MLP both run on fewer tokens, as on the diffusers path (which
 merges each of them between its residual additions). Text, reference and conditioning tokens are never merged.
+The token cache's plan (:class:`DitCache`) runs the block on the tokens a cached step recomputes, the same way, and
+gives the others their cached residual.
 
 The call's grid and text length come from the ``APPLY_MODEL`` wrapper the key/value route uses too
 (:class:`tokenmerge.integrations.comfyui_dit.DitPatch`). A block whose arguments do not fit the grid (an attention
@@ -28,7 +30,7 @@ from ..families import ComfyModel
 from ..families.base import ComfyBlocks
 from ..methods import BlockFacts
 from ..planning import block_key, decide
-from .comfyui_dit import WRAPPER_KEY, DitCall, DitPatch
+from .comfyui_dit import WRAPPER_KEY, AttentionOverride, DitCall, DitPatch, mask_of, with_mask
 
 # Flux.2's and Qwen-Image edit's reference method that modulates the image and its references by token index (ranges
 # a merge would shift)
@@ -42,7 +44,9 @@ class DitBlocks(DitPatch):
 
     def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], pad: int = 1) -> None:
         if not config.method_of.merges or model.route_for(config.method_of) != "comfyui-blocks":
-            raise ValueError(f"DitBlocks merges around ComfyUI's blocks (method='tome' on {model.title}), got method={config.method!r}")
+            raise ValueError(
+                f"DitBlocks runs methods around ComfyUI's blocks (tome, tokencache on {model.title}), got method={config.method!r}"
+            )
         super().__init__(config, model, patch, pad)
         self.blocks: ComfyBlocks = model.blocks
 
@@ -61,8 +65,16 @@ class DitBlocks(DitPatch):
         if merged is None:
             return run(args)
         plan, start, gathered, new = merged
-        out = run(new)
+        out = self.run_span(plan, run, new)
+        if getattr(plan, "whole", False):  # a token cache's full step: every token computed, its residual recorded
+            n = plan.num_tokens
+            plan.scatter(out["img"][:, start : start + n] - gathered)
+            return out
         return {**out, "img": _restore(plan, start, args["img"], gathered, out["img"])}
+
+    def run_span(self, plan: Any, run: Any, args: dict[str, Any]) -> dict[str, Any]:
+        """The block run on the arguments its plan made (:class:`DitCache`: with its attention's keys filled)."""
+        return run(args)
 
     def _whole(self, cause: str, message: str) -> None:
         self._warn(cause, message, "such blocks run whole")
@@ -79,7 +91,7 @@ class DitBlocks(DitPatch):
             self._whole("layout", f"a {kind} holds {x.shape[1]} tokens, where a {call.grid} grid and {call.text} text tokens do not fit")
             return None
         masks = [name for name in MASKS if _over_tokens(args.get(name), args.get("txt"))]
-        if any(not _uniform_over_image(args[name], x.shape[1], start, n) for name in masks):
+        if any(not _uniform_over_image(args[name], self._offset(args[name].shape[-1], x.shape[1], start), n) for name in masks):
             self._whole("mask", f"a {kind} has an attention mask that tells its image tokens apart, which ToMe's merge does not follow")
             return None
         if any(args.get(name) is not None for name in ("modulation_dims", "modulation_dims_img")):
@@ -100,14 +112,21 @@ class DitBlocks(DitPatch):
             key=key,
             timestep=call.timestep,
             device=x.device,
+            block=key,
+            spans=1,  # the whole block, its residual per token
+            cached_sites=(0,),  # its self- or joint attention (the first over its tokens)
+            generation=call.generation,
         )
         plan = decide(self.config, facts).plan
         if plan is None:
             return None
+        if getattr(plan, "whole", False):  # the block runs on its own arguments, which it may add to in place (Flux)
+            return plan, start, image.clone(), args
         gathered = plan.gather(image)
         new = {**args, "img": torch.cat([x[:, :start], gathered, x[:, start + n :]], dim=1)}
         for name in masks:  # the same for every image key: the merged tokens' columns are the first k of them
-            mask, offset = args[name], args[name].shape[-1] - x.shape[1] + start
+            mask = args[name]
+            offset = self._offset(mask.shape[-1], x.shape[1], start)
             new[name] = torch.cat([mask[..., : offset + plan.num_kept], mask[..., offset + n :]], dim=-1)
         pe = args.get("pe")
         if self.blocks.pe_dims and pe is not None:
@@ -117,22 +136,26 @@ class DitBlocks(DitPatch):
                 if not isinstance(part, torch.Tensor):
                     continue
                 dim = next((d for d in self.blocks.pe_dims if part.ndim > d and part.shape[d] >= x.shape[1]), self.blocks.pe_dims[0])
-                parts[i] = _rotary_rows(part, dim, plan, start, x.shape[1], n)
+                fits = part.ndim > dim and part.shape[dim] >= x.shape[1]
+                parts[i] = _rotary_rows(part, dim, plan, self._offset(part.shape[dim], x.shape[1], start), n) if fits else None
                 if parts[i] is None:
                     self._whole("rotary", f"a {kind}'s rotary table {tuple(part.shape)} does not follow its {x.shape[1]} tokens")
                     return None
             new["pe"] = type(pe)(parts) if isinstance(pe, (tuple, list)) else parts[0]
         return plan, start, gathered, new
 
+    def _offset(self, rows: int, length: int, start: int) -> int:
+        """Where the image starts among the ``rows`` of a rotary table or the columns of a mask that cover a stream of
+        ``length`` tokens whose image starts at ``start`` (:attr:`ComfyBlocks.stream_first`)."""
+        return start if self.blocks.stream_first else rows - length + start
+
 
 MASKS = ("attn_mask", "attention_mask", "self_attention_mask")  # the names block arguments give attention masks
 
 
-def _uniform_over_image(mask: torch.Tensor, length: int, start: int, n: int) -> bool:
-    """Whether ``mask`` is a mask over the keys alone (no query axis) that is the same for every image key: the
-    text-padding masks of HunyuanVideo and Lumina 2, whose image columns are all 0. Its columns are [whatever precedes
-    the stream; the stream of ``length`` tokens], as the rotary rows."""
-    offset = mask.shape[-1] - length + start
+def _uniform_over_image(mask: torch.Tensor, offset: int, n: int) -> bool:
+    """Whether ``mask`` is a mask over the keys alone (no query axis) that is the same for every image key (its ``n``
+    columns from ``offset``): the text-padding masks of HunyuanVideo and Lumina 2, whose image columns are all 0."""
     if (mask.ndim >= 3 and mask.shape[-2] > 1) or offset < 0 or offset + n > mask.shape[-1]:
         return False
     image = mask[..., offset : offset + n]
@@ -148,13 +171,11 @@ def _over_tokens(mask: Any, text: Any) -> bool:
     return not (isinstance(text, torch.Tensor) and text.ndim == 3 and mask.shape[-1] == text.shape[1])
 
 
-def _rotary_rows(pe: torch.Tensor, dim: int, plan: MergePlan, start: int, length: int, n: int) -> torch.Tensor | None:
-    """The rotary table of the merged sequence: ``pe``'s rows are [whatever precedes the stream; the stream of
-    ``length`` tokens], the image's ``n`` rows from ``start`` in the stream; each sample's kept rows (its plan's
-    ``keep_idx``) replace them. None where the table does not fit."""
-    offset = pe.shape[dim] - length + start
+def _rotary_rows(pe: torch.Tensor, dim: int, plan: MergePlan, offset: int, n: int) -> torch.Tensor | None:
+    """The rotary table of the merged sequence: the image's ``n`` rows of ``pe`` from ``offset`` (along ``dim``)
+    replaced by each sample's kept rows (its plan's ``keep_idx``). None where the table does not fit."""
     b = plan.batch_size
-    if pe.ndim <= dim or offset < start or offset + n > pe.shape[dim] or pe.shape[0] not in (1, b):
+    if pe.ndim <= dim or offset < 0 or offset + n > pe.shape[dim] or pe.shape[0] not in (1, b):
         return None
     if pe.shape[0] != b:
         pe = pe.expand(b, *pe.shape[1:])
@@ -171,6 +192,69 @@ def _restore(plan: MergePlan, start: int, x: torch.Tensor, gathered: torch.Tenso
     n, k = plan.num_tokens, plan.num_kept
     image = x[:, start : start + n] + plan.scatter(y[:, start : start + k] - gathered)
     return torch.cat([y[:, :start], image, y[:, start + k :]], dim=1)
+
+
+class DitCache(DitBlocks, AttentionOverride):
+    """``method="tokencache"`` around ComfyUI's blocks: a block's plan (:class:`tokenmerge.methods.tokencache.SelectSpan`)
+    runs it on the text and the tokens it recomputes, the others taking their input plus their residual of the step
+    that last computed them; as the MODEL's attention override too, it gives the block's self- or joint attention every
+    image token's keys and values (the recomputed tokens' fresh, the others' from the last full step, after the
+    rotary), so that the recomputed queries attend to every token. Its generations end with each sampling run
+    (:meth:`sampling`)."""
+
+    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None, pad: int = 1) -> None:
+        super().__init__(config, model, patch, pad)
+        self.previous = previous
+
+    def run_span(self, plan: Any, run: Any, args: dict[str, Any]) -> dict[str, Any]:
+        self._local.span = _Running(plan)
+        try:
+            out = run(args)
+        finally:
+            running, self._local.span = self._local.span, None
+        if plan.whole and running.sites == 0:
+            self._warn(
+                "keys",
+                "a block's attention over its tokens was not found (no self- or joint attention call of its length)",
+                "such blocks are computed whole at every step",
+            )
+        return out
+
+    def keys_values(self, call: DitCall, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+        running: _Running | None = getattr(self._local, "span", None)
+        if running is None:
+            return None
+        q, k, v = args[:3]
+        heads_first = bool(kwargs.get("skip_reshape", False))  # (B, H, S, D); else (B, S, H * D), or SD3's (B, S, H, D)
+        seq = -2 if heads_first else 1
+        span, kept = running.span, running.span.num_kept
+        if k.shape[seq] != q.shape[seq]:  # cross-attention (keys: text, CLIP image tokens)
+            return None
+        start = self.model.image_start(k.shape[seq] + span.num_tokens - kept, span.num_tokens, call.text, self.pad)
+        if start is None or start + kept > k.shape[seq]:
+            return None
+        site, running.sites = running.sites, running.sites + 1
+        if not span.whole and (span.block, site) not in span.generation.keys:  # not one the full step recorded
+            return None
+        d = None if heads_first else q.shape[-1] // int(args[3] if len(args) > 3 else kwargs["heads"])
+
+        def to(t: torch.Tensor) -> torch.Tensor:  # (B, H, S, D)
+            return t if heads_first else t.transpose(1, 2) if t.ndim == 4 else t.unflatten(-1, (-1, d)).transpose(1, 2)
+
+        def back(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+            return t if heads_first else t.transpose(1, 2) if like.ndim == 4 else t.transpose(1, 2).flatten(2)
+
+        mask = mask_of(args, kwargs)
+        keys, values, filled = span.fill_keys(site, to(k), to(v), mask, start)
+        args = (q, back(keys, k), back(values, v), *args[3:])
+        return with_mask(args, kwargs, filled) if filled is not mask else (args, kwargs)
+
+
+class _Running:
+    """The token cache's span of the block running in this thread, and the attention calls over its tokens so far."""
+
+    def __init__(self, span: Any) -> None:
+        self.span, self.sites = span, 0
 
 
 class BlockMerge:

@@ -14,8 +14,10 @@ is set, after the rotary embedding. Two pieces, both registered on a clone of th
   attention function: another node's override (SageAttention and the like) is chained, not replaced.
 
 Queries are all kept (every token gets its output); text, reference and conditioning tokens are never reduced;
-cross-attention (keys = text) is left alone. ToMe is not offered here: the override sees one attention call, not
-the block around it, so merged tokens could not skip the MLP (where ToMe's saving on transformers is).
+cross-attention (keys = text) is left alone. ToMe and the token cache run around whole blocks instead
+(:mod:`.comfyui_blocks`): the override sees one attention call, not the block around it, so merged or cached tokens
+could not skip the MLP there (the token cache uses an override too, :class:`AttentionOverride`, to give its
+recomputed queries every token's keys).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ..methods import BlockAction, BlockFacts
 from ..notices import warn_at_caller
 from ..planning import decide
 from ..steps import StepPosition
-from .comfyui import SharedPatch
+from .comfyui import SharedPatch, comfy_noise
 
 OVERRIDE = "optimized_attention_override"
 WRAPPER_KEY = "tokenmerge"
@@ -53,6 +55,7 @@ class DitCall:
     noise: float | None = None
     timestep: Any = None
     position: StepPosition | None = None
+    generation: Any = None  # a per-generation method's state of this call (methods.tokencache.Generation)
 
 
 def latent_shape(x: torch.Tensor, kwargs: dict[str, Any]) -> tuple[int, ...]:
@@ -91,17 +94,19 @@ class DitPatch(SharedPatch):
         call = None
         if not declined:
             grid = grid_of(latent_shape(x, kwargs), self.patch)
-            noise = position = None
+            noise = position = generation = None
+            # the model's sampling as this sampler runs it (a shift node's object patch applied)
+            sampling = getattr(getattr(executor, "class_obj", None), "model_sampling", None)
             if self.config.noise_limit < 1:
-                # the model's sampling as this sampler runs it (a shift node's object patch applied)
-                sampling = getattr(getattr(executor, "class_obj", None), "model_sampling", None)
                 noise = self.step_noise(sampling, t)
                 options = args[1] if len(args) > 1 else kwargs.get("transformer_options")  # (control, transformer_options)
                 position = self.step_position(sampling, options, noise)
                 self.notice_gate(noise, position)
+            if self.config.method_of.per_generation and not self.config.is_identity:
+                generation = self._generation(x, t, noise if noise is not None else comfy_noise(sampling, t))
             facts = BlockFacts(level=1, top_level=1, grid=grid, noise=noise, position=position)
             action = decide(self.config, facts) if self.per_call else None
-            call = DitCall(grid, text, action, noise, t if isinstance(t, torch.Tensor) else None, position)
+            call = DitCall(grid, text, action, noise, t if isinstance(t, torch.Tensor) else None, position, generation)
         stack.append(call)
         try:
             return executor(x, t, c_concat, c_crossattn, *args, **kwargs)
@@ -109,6 +114,32 @@ class DitPatch(SharedPatch):
             stack.pop()
 
     per_call = True  # one action per call (key/value methods); False: the patch decides per block
+
+    def _generation(self, x: torch.Tensor, t: Any, noise: float | None) -> Any:
+        """The generation this call belongs to (this thread's, one per classifier-free guidance slot; a sampling run
+        of the patched model starts afresh, :meth:`sampling`), its call begun (one host read of the timestep)."""
+        value = t.flatten().tolist() if isinstance(t, torch.Tensor) else None
+        generation = self.generations().begin(value, noise, (x.shape[0], x.dtype, str(x.device)))
+        self.config.method_of.begin(self.config, generation)
+        return generation
+
+    def generations(self) -> Any:
+        """This thread's generations of a per-generation method (:class:`tokenmerge.methods.tokencache.Generations`)."""
+        from ..methods.tokencache import Generations
+
+        found = getattr(self._local, "generations", None)
+        if found is None:
+            found = self._local.generations = Generations()
+        return found
+
+    def sampling(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
+        """The ``OUTER_SAMPLE`` wrapper of a per-generation method: one sampling run is one generation; what it cached
+        is freed when it ends (and a run never starts from another's)."""
+        self._local.__dict__.pop("generations", None)
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            self._local.__dict__.pop("generations", None)
 
     def declined(self, kwargs: dict[str, Any]) -> str | None:
         """Why a call with these ``apply_model`` keywords runs unchanged (None: it does not)."""
@@ -126,14 +157,11 @@ class DitPatch(SharedPatch):
             warn_at_caller(f"tokenmerge: {self.model.title}: {message}; {outcome}")
 
 
-class DitKeyValues(DitPatch):
-    """The override and the wrapper of one patched DiT MODEL (shared by its clones; per-thread call state)."""
+class AttentionOverride(DitPatch):
+    """A patch that is the MODEL's attention override too (``transformer_options["optimized_attention_override"]``):
+    it chains the override set before it (``previous``) and, per call, one set after it."""
 
-    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None, pad: int = 1) -> None:
-        if not config.method_of.reduces_keys or "comfyui-dit" not in config.method_of.routes:
-            raise ValueError(f"DitKeyValues reduces keys and values (a key/value method), got method={config.method!r}")
-        super().__init__(config, model, patch, pad)
-        self.previous = previous
+    previous: Any = None  # the override that stood there before (another node's), called after this one
 
     def apply_model(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None, *args: Any, **kwargs: Any):
         # args: (control, transformer_options), as ComfyUI's BaseModel.apply_model passes them
@@ -154,18 +182,45 @@ class DitKeyValues(DitPatch):
         return self.attend(self.previous, func, *args, **kwargs)
 
     def attend(self, previous: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-        """One attention call: keys and values reduced where the call allows, then ``previous`` (an override this one
-        chains) or the attention function."""
+        """One attention call: its keys and values as this patch makes them where the call allows, then ``previous``
+        (an override this one chains) or the attention function."""
         call = self.current()
         if call is not None and len(args) >= 3 and not self.config.is_identity:
-            reduced = self._reduce(call, args, kwargs)
-            if reduced is not None:
-                args, kwargs = reduced
+            changed = self.keys_values(call, args, kwargs)
+            if changed is not None:
+                args, kwargs = changed
         if previous is not None:
             return previous(func, *args, **kwargs)
         return func(*args, **kwargs)
 
-    def _reduce(self, call: DitCall, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+    def keys_values(self, call: DitCall, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+        """The attention call's arguments with its keys and values changed (None: as they are)."""
+        raise NotImplementedError
+
+
+def with_mask(args: tuple, kwargs: dict[str, Any], mask: Any) -> tuple[tuple, dict[str, Any]]:
+    """An attention call's arguments with its mask replaced: the fifth positional argument where the model passes it
+    so (q, k, v, heads, mask: Qwen-Image, Lumina 2), else the ``mask`` keyword."""
+    if len(args) > 4:
+        return (*args[:4], mask, *args[5:]), kwargs
+    return args, {**kwargs, "mask": mask}
+
+
+def mask_of(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    mask = args[4] if len(args) > 4 else kwargs.get("mask")
+    return mask if isinstance(mask, torch.Tensor) else None
+
+
+class DitKeyValues(AttentionOverride):
+    """The override and the wrapper of one patched DiT MODEL (shared by its clones; per-thread call state)."""
+
+    def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None, pad: int = 1) -> None:
+        if not config.method_of.reduces_keys or "comfyui-dit" not in config.method_of.routes:
+            raise ValueError(f"DitKeyValues reduces keys and values (a key/value method), got method={config.method!r}")
+        super().__init__(config, model, patch, pad)
+        self.previous = previous
+
+    def keys_values(self, call: DitCall, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
         q, k, v = args[:3]
         heads_first = bool(kwargs.get("skip_reshape", False))  # (B, H, S, D); else (B, S, H * D)
         seq = -2 if heads_first else 1
@@ -179,10 +234,7 @@ class DitKeyValues(DitPatch):
         if call.action.kv_grid is None:
             return None
         mode = self.config.kv_interpolation
-        rest = list(args[3:])
-        positional = len(args) > 4  # q, k, v, heads, mask (Qwen-Image, Lumina 2)
-        mask = args[4] if positional else kwargs.get("mask")
-        mask = mask if isinstance(mask, torch.Tensor) else None
+        mask = mask_of(args, kwargs)
         # q/k/v arrive as (B, H, S, D) (skip_reshape), (B, S, H*D) or, SD3's values, (B, S, H, D); keys and values may
         # have fewer heads than the queries (enable_gqa, passed on with every other keyword)
         found = reduce_keys_values(k, v, mask, start, call.grid, call.action.kv_factors, mode, dim=seq)
@@ -190,18 +242,14 @@ class DitKeyValues(DitPatch):
             self._warn("mask", f"an attention mask is set and kv_interpolation={mode!r} is not nearest: keys kept whole")
             return None
         k, v, reduced_mask = found
-        if reduced_mask is not mask:
-            if positional:
-                rest[1] = reduced_mask
-            else:
-                kwargs = {**kwargs, "mask": reduced_mask}
-        return (q, k, v, *rest), kwargs
+        args = (q, k, v, *args[3:])
+        return with_mask(args, kwargs, reduced_mask) if reduced_mask is not mask else (args, kwargs)
 
 
 class _Chained:
     """The override of one call where another node set its override after tokenmerge's: tokenmerge's, chaining it."""
 
-    def __init__(self, patch: DitKeyValues, later: Any) -> None:
+    def __init__(self, patch: AttentionOverride, later: Any) -> None:
         self.patch, self.later = patch, later
 
     def __call__(self, func: Any, *args: Any, **kwargs: Any) -> Any:
@@ -212,7 +260,7 @@ def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
     """A clone of ``model_patcher`` with ``config``'s method on its diffusion transformer: ToMe around its blocks
     (:mod:`.comfyui_blocks`) where the family offers them, keys and values through the attention override otherwise;
     None when the model is not a diffusion transformer tokenmerge knows in ComfyUI."""
-    from .comfyui_blocks import DitBlocks, add_block_patches, drop_block_patches
+    from .comfyui_blocks import DitBlocks, DitCache, add_block_patches, drop_block_patches
 
     diffusion_model = model_patcher.model.diffusion_model
     unet_config = getattr(getattr(model_patcher.model, "model_config", None), "unet_config", None) or {}
@@ -222,9 +270,9 @@ def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
     route = model.route_for(config.method_of)
     if route is None:
         warnings.warn(
-            f"tokenmerge: method={config.method!r} is not available on ComfyUI's {model.title}: its blocks offer no replace patch "
-            "tokenmerge reads, and the attention override sees one attention call, not its block, so merged tokens could not "
-            "skip the MLP (where ToMe's saving on transformers is); using method='auto' (keys and values of a downsampled grid)",
+            f"tokenmerge: method={config.method!r} is not available on ComfyUI's {model.title}: it runs around whole blocks, "
+            "this model's blocks offer no replace patch tokenmerge reads, and the attention override sees one attention call, "
+            "not its block; using method='auto' (keys and values of a downsampled grid)",
             stacklevel=3,
         )
         config = dataclasses.replace(config, method="auto")
@@ -232,7 +280,7 @@ def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
     patched = model_patcher.clone()
     options = patched.model_options.setdefault("transformer_options", {})
     previous = options.get(OVERRIDE)
-    earlier = isinstance(previous, DitKeyValues)
+    earlier = isinstance(previous, AttentionOverride)
     if earlier:
         previous = previous.previous
         if previous is None:
@@ -242,9 +290,15 @@ def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
     if drop_block_patches(patched) or earlier:  # the node applied twice in a chain: the second replaces the first
         warnings.warn("tokenmerge: this MODEL already carries a tokenmerge patch; it is replaced by this node's options", stacklevel=3)
         patched.remove_wrappers_with_key("apply_model", WRAPPER_KEY)
+        patched.remove_wrappers_with_key("outer_sample", WRAPPER_KEY)
     patch = model.patch_of(diffusion_model)
-    if route == "comfyui-blocks":
-        wrapper: DitPatch = DitBlocks(config, model, patch, model.pad_of(diffusion_model))
+    if route == "comfyui-blocks" and config.method_of.per_generation:
+        wrapper: DitPatch = DitCache(config, model, patch, previous, model.pad_of(diffusion_model))
+        add_block_patches(patched, wrapper, diffusion_model)
+        options[OVERRIDE] = wrapper
+        patched.add_wrapper_with_key("outer_sample", WRAPPER_KEY, wrapper.sampling)
+    elif route == "comfyui-blocks":
+        wrapper = DitBlocks(config, model, patch, model.pad_of(diffusion_model))
         add_block_patches(patched, wrapper, diffusion_model)
     else:
         wrapper = DitKeyValues(config, model, patch, previous, model.pad_of(diffusion_model))

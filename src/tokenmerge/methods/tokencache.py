@@ -196,7 +196,7 @@ def select(change: torch.Tensor, window: int) -> torch.Tensor:
 class TokenCache(Method):
     name = "tokencache"
     reads = ("recompute", "refresh_every", "full_steps")
-    routes = ("diffusers", "ldm", "webui")
+    routes = ("diffusers", "ldm", "webui", "comfyui-blocks")
     merges = True  # its spans gather tokens: a step cache's deciding block runs whole
     every_span = True  # attention, cross-attention and MLP are cached alike (merge_* options do not apply)
     supports_ring = False
