@@ -137,6 +137,16 @@ def test_bench_comfyui_transformers_sample_at_cfg_1_or_2(argv):
         main(["bench", "--comfyui", "--model", "flux", *argv])
 
 
+def test_bench_video_latents_are_the_same_on_both_front_ends():
+    """A video bench size in pixels gives the same latent grid on the diffusers path and ComfyUI's: each model's VAE
+    factor (Wan 2.2 TI2V's 16, LTX's 32) once on each side."""
+    from tokenmerge.tools.examples import comfy_examples, examples
+
+    both = {name: (comfy, examples()[name][1]) for name, comfy in comfy_examples().items() if comfy.video and name in examples()}
+    assert {"wan", "wan-ti2v", "ltx", "hunyuanvideo15"} <= set(both)
+    assert {name: comfy.downscale for name, (comfy, _) in both.items()} == {name: e.vae_factor for name, (_, e) in both.items()}
+
+
 @pytest.mark.parametrize("attention", ["default", "pytorch"])
 def test_bench_comfyui_reports_the_attention_share_only_where_it_times_attention(attention):
     # ComfyUI's default CPU attention (sub-quadratic) does not go through SDPA: no share can be measured there.

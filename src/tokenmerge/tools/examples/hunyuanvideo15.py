@@ -113,4 +113,5 @@ COMFY = ComfyExample(
     ),
     extra_conditioning=(("conditioning_byt5small", 6, 1472),),
     clip_vision=(5, 16),
+    downscale=16,
 )

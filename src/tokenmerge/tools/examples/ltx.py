@@ -109,4 +109,5 @@ COMFY = ComfyExample(
     channels=128,
     video=True,
     caption_mask=True,  # its text encoders hand over the caption's mask too
+    downscale=32,
 )

@@ -138,4 +138,5 @@ COMFY = ComfyExample(
     caption_mask=True,
     since="0.33.0",
     audio=(8, 8, 16),
+    downscale=32,
 )

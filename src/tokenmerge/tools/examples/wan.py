@@ -117,7 +117,14 @@ EXAMPLES = {
     "wan": Example("WanTransformer3DModel", CONFIG, SMALL, inputs, TEXT_TOKENS, first_blocks, frames=FRAMES),
     "wan-i2v": Example("WanTransformer3DModel", I2V, SMALL_I2V, inputs, TEXT_TOKENS, first_blocks, frames=FRAMES),
     "wan-ti2v": Example(
-        "WanTransformer3DModel", TI2V, SMALL_TI2V, partial(inputs, condition_frame=True), TEXT_TOKENS, first_blocks, frames=FRAMES
+        "WanTransformer3DModel",
+        TI2V,
+        SMALL_TI2V,
+        partial(inputs, condition_frame=True),
+        TEXT_TOKENS,
+        first_blocks,
+        frames=FRAMES,
+        vae_factor=16,
     ),
     "wan-vace": Example("WanVACETransformer3DModel", VACE, SMALL_VACE, inputs, TEXT_TOKENS, first_blocks, frames=FRAMES),
 }
