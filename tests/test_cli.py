@@ -137,6 +137,33 @@ def test_bench_comfyui_transformers_sample_at_cfg_1_or_2(argv):
         main(["bench", "--comfyui", "--model", "flux", *argv])
 
 
+def test_bench_rows_are_measured_against_their_own_baseline():
+    """--beside-diffusers: a second model's rows in the same rounds take their speed-up, work and fidelity from their
+    own vanilla, not from the first model's."""
+    import torch
+
+    from tokenmerge.tools.bench import Variant, time_variants
+
+    def model(scale: float, width: int):
+        return lambda inputs: torch.nn.functional.linear(inputs["x"][:, :width], torch.eye(width)).sum(1) * scale
+
+    variants = [
+        Variant("vanilla", model(1.0, 64)),
+        Variant("half", model(1.0, 32)),
+        Variant("other vanilla", model(2.0, 16), baseline="other vanilla"),
+        Variant("other half", model(2.0, 8), baseline="other vanilla"),
+    ]
+    rows = time_variants(variants, {64: lambda: {"x": torch.ones(4, 64)}}, repeats=1, log=lambda _: None)
+    by = {r.variant: r for r in rows}
+    assert by["other vanilla"].speedup == 1.0 and by["other vanilla"].less_work == 1.0 and by["other vanilla"].cosine == 1.0
+    assert by["half"].less_work == 4.0 and by["other half"].less_work == 4.0  # (64 / 32)^2 and (16 / 8)^2
+
+
+def test_bench_beside_diffusers_goes_with_a_comfyui_transformer():
+    with pytest.raises(SystemExit, match="--beside-diffusers goes with --comfyui"):
+        main(["bench", "--model", "flux", "--beside-diffusers"])
+
+
 def test_bench_video_latents_are_the_same_on_both_front_ends():
     """A video bench size in pixels gives the same latent grid on the diffusers path and ComfyUI's: each model's VAE
     factor (Wan 2.2 TI2V's 16, LTX's 32) once on each side."""

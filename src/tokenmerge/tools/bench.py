@@ -107,6 +107,7 @@ class Row:
 class Variant:
     name: str
     forward: Callable[[dict[str, Any]], torch.Tensor]  # one model forward with this variant active
+    baseline: str | None = None  # the variant its speed, work and output are measured against (default: the first)
 
 
 class AttentionTimer(TorchFunctionMode):
@@ -321,11 +322,11 @@ def time_variants(
                 previous = (size, warmup)
                 if repeats:
                     say(f"{_label(size)}: warm-up round {warmup:.1f} s; about {warmup * repeats / 60:.1f} min to go for this size")
-        base = statistics.median(times[variants[0].name])
         for variant in variants:
+            ref = variant.baseline or variants[0].name
             t = times[variant.name]
             median = statistics.median(t)
-            cosine, rel_l2 = _fidelity(outputs[variant.name], outputs[variants[0].name])
+            cosine, rel_l2 = _fidelity(outputs[variant.name], outputs[ref])
             share = attention_share if variant is variants[0] else None
             video = size if isinstance(size, VideoSize) else None
             rows.append(
@@ -333,7 +334,7 @@ def time_variants(
                     size if video is None else video.height,
                     variant.name,
                     median,
-                    base / median,
+                    statistics.median(times[ref]) / median,
                     cosine,
                     rel_l2,
                     statistics.median(memory[variant.name]),
@@ -343,7 +344,7 @@ def time_variants(
                     None if video is None else video.width,
                     None if video is None else video.frames,
                     macs[variant.name],
-                    macs[variants[0].name] / macs[variant.name] if macs[variant.name] else float("nan"),
+                    macs[ref] / macs[variant.name] if macs[variant.name] else float("nan"),
                 )
             )
     if bar is not None:
@@ -559,14 +560,17 @@ def run_comfy_dit_bench(
     attention: str = "pytorch",
     steps: int = 0,
     cfg: float = 2.0,
+    beside_diffusers: bool = False,
     log: Callable[[str], None] = print,
 ) -> list[Row]:
-    """ComfyUI's own diffusion transformer ``model`` (flux, qwen-image, wan) at its published width with its first
+    """ComfyUI's own diffusion transformer ``model`` (flux, flux2, qwen-image, wan, wan-ti2v, z-image) at its published width with its first
     ``blocks`` blocks: vanilla and tokenmerge's node per spec, each timed as one step of ComfyUI's KSampler (at
     ``cfg`` 2 one model call on the conditional and unconditional batch of two, at 1 the conditional alone), or with
     ``steps`` a whole KSampler loop of that many steps from pure noise (what a token cache needs; CFG 1 as the
     diffusers loops). Needs a ComfyUI checkout (>= 0.3.60) named by ``COMFYUI_PATH``; ``attention="pytorch"`` (SDPA) lets the
-    attention share be measured."""
+    attention share be measured. ``beside_diffusers``: the diffusers path's twin (vanilla and each spec, one forward
+    of the same batch at the same size and noise level) interleaved in the same rounds, each measured against its
+    own vanilla: both front ends' speed-ups from one process, not from two runs on a shared machine."""
     import os
 
     from .architectures import TEXT_TOKENS
@@ -586,12 +590,31 @@ def run_comfy_dit_bench(
     # one step from a low noise level, which every default reduces; or a whole loop
     step: dict[str, Any] = dict(tokens=tokens, full=True, cfg=cfg) if steps else dict(tokens=tokens, full=True, cfg=cfg, noise=BENCH_NOISE)
     count = steps or 1
-    variants = [Variant("vanilla", lambda inputs: comfy_dits.sample(patcher, model, count, **step, **inputs))]
+    variants = [Variant("vanilla", lambda inputs: comfy_dits.sample(patcher, model, count, **step, **_comfy(inputs)))]
     for spec in specs:
         parsed = PatchSpec.parse(spec)
         patched = patch_model(patcher, TokenMergeConfig(**parsed.kwargs()))
         name = f"tokenmerge node {parsed.name.removeprefix('tokenmerge ')}"
-        variants.append(Variant(name, lambda inputs, p=patched: comfy_dits.sample(p, model, count, **step, **inputs)))
+        variants.append(Variant(name, lambda inputs, p=patched: comfy_dits.sample(p, model, count, **step, **_comfy(inputs))))
+    diffusers_inputs = None
+    if beside_diffusers:
+        if steps:
+            raise ValueError("--beside-diffusers times one step of each front end; drop --steps")
+        net = build_model(model, blocks=blocks)
+        variants.append(Variant("diffusers vanilla", lambda inputs: _forward(net, inputs["diffusers"]), baseline="diffusers vanilla"))
+        for spec in specs:
+            parsed = PatchSpec.parse(spec)
+            forward = _patched(net, parsed, {"seed": 0})
+            variants.append(
+                Variant(f"diffusers {parsed.name}", lambda inputs, f=forward: f(inputs["diffusers"]), baseline="diffusers vanilla")
+            )
+
+        def diffusers_inputs(size: Size) -> dict[str, Any]:
+            (height, width), latent_frames = latent_size(examples()[model][1], size)
+            extra = {} if latent_frames is None else {"frames": latent_frames}
+            inputs = transformer_inputs(net, model, height, width, batch=int(cfg), **extra)
+            return at_noise(inputs, timestep_scale(net), BENCH_NOISE)
+
     example = comfy_dits.example(model)
     video, down = example.video, example.downscale
     sizes: dict[Size, Callable[[], dict[str, Any]]] = {}
@@ -600,8 +623,16 @@ def run_comfy_dit_bench(
         for f in frames or ((81,) if video else (0,)):
             key = VideoSize(h, w, f) if video else size
             latent = {"height": h // down, "width": w // down} | ({"frames": (f - 1) // 4 + 1} if video else {})
-            sizes[key] = lambda latent=latent: latent
+            if diffusers_inputs is None:
+                sizes[key] = lambda latent=latent: latent
+            else:
+                sizes[key] = lambda latent=latent, key=key: latent | {"diffusers": diffusers_inputs(key)}
     return time_variants(variants, sizes, repeats, log=log)
+
+
+def _comfy(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The ComfyUI sampler's latent size of a bench's inputs (without the diffusers twin's)."""
+    return {k: v for k, v in inputs.items() if k != "diffusers"}
 
 
 def format_table(rows: list[Row], model: str, batch: int, device: str = "cpu", timed: str = "forward", rounds: int | None = None) -> str:

@@ -31,6 +31,8 @@ def _bench(args: argparse.Namespace) -> int:
     args.model, args.sizes, args.batch = args.model or "sd15", args.sizes or [768], args.batch or 2
     common = dict(sizes_px=tuple(args.sizes), batch=args.batch, repeats=args.repeats, seed=args.seed, small=args.small)
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    if args.beside_diffusers and not (args.comfyui and args.model in TRANSFORMERS):
+        raise SystemExit("tokenmerge bench: error: --beside-diffusers goes with --comfyui --model <a transformer>")
     if args.cp:
         return _bench_context_parallel(args)
     if args.comfyui and args.model in TRANSFORMERS:
@@ -56,6 +58,7 @@ def _bench(args: argparse.Namespace) -> int:
                 attention,
                 steps=args.steps,
                 cfg=float(args.batch),
+                beside_diffusers=args.beside_diffusers,
                 log=log,
             )
         except ValueError as error:
@@ -64,6 +67,8 @@ def _bench(args: argparse.Namespace) -> int:
         label += f", CFG {args.batch} (one call of batch {args.batch} per step)"
         if args.steps:
             label += f", whole KSampler loops of {args.steps} euler steps"
+        if args.beside_diffusers:
+            label += "; beside it the diffusers path's model (rows 'diffusers ...', one forward of the same batch, each against diffusers vanilla)"
     elif args.comfyui:
         if args.model != "sd15" or args.variants or args.compile or args.device != "cpu" or args.blocks:
             raise SystemExit(
@@ -469,10 +474,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--comfyui",
         action="store_true",
         help="run ComfyUI's own model: SD 1.5's UNet (needs the comfy package; ComfyUI's TomePatchModel vs tokenmerge's node), "
-        "or with --model flux / qwen-image / wan its diffusion transformer at full width (--blocks N; a ComfyUI checkout "
+        "or with --model flux / flux2 / qwen-image / wan / wan-ti2v / z-image its diffusion transformer at full width (--blocks N; a ComfyUI checkout "
         ">= 0.3.60 named by COMFYUI_PATH; vanilla vs the node's --variants, default todo:2 auto)",
     )
     bench.add_argument(
+        "--beside-diffusers",
+        action="store_true",
+        help="with --comfyui on a transformer: the diffusers path's model and --variants in the same interleaved rounds, "
+        "each against its own vanilla (both front ends' speed-ups from one process)",
+    )
+    parser.add_argument(
         "--comfy-attention",
         choices=("default", "pytorch", "sub-quadratic"),
         default="default",
