@@ -579,6 +579,10 @@ def run_comfy_dit_bench(
     checkout = os.environ.get("COMFYUI_PATH")
     if not checkout:
         raise ValueError("--comfyui on a transformer needs a ComfyUI checkout (>= 0.3.60): set COMFYUI_PATH to its folder")
+    if beside_diffusers and steps:
+        raise ValueError("--beside-diffusers times one step of each front end; drop --steps")
+    # diffusers first: its model classes import transformers, which fails on what ComfyUI's import leaves patched
+    net = build_model(model, blocks=blocks) if beside_diffusers else None
     import_comfy_checkout(checkout, attention)
     from ..config import TokenMergeConfig
     from ..integrations.comfyui import patch_model
@@ -597,10 +601,7 @@ def run_comfy_dit_bench(
         name = f"tokenmerge node {parsed.name.removeprefix('tokenmerge ')}"
         variants.append(Variant(name, lambda inputs, p=patched: comfy_dits.sample(p, model, count, **step, **_comfy(inputs))))
     diffusers_inputs = None
-    if beside_diffusers:
-        if steps:
-            raise ValueError("--beside-diffusers times one step of each front end; drop --steps")
-        net = build_model(model, blocks=blocks)
+    if net is not None:
         variants.append(Variant("diffusers vanilla", lambda inputs: _forward(net, inputs["diffusers"]), baseline="diffusers vanilla"))
         for spec in specs:
             parsed = PatchSpec.parse(spec)
