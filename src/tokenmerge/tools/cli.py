@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --comfyui on a transformer: the diffusers path's model and --variants in the same interleaved rounds, "
         "each against its own vanilla (both front ends' speed-ups from one process)",
     )
-    parser.add_argument(
+    bench.add_argument(
         "--comfy-attention",
         choices=("default", "pytorch", "sub-quadratic"),
         default="default",
