@@ -111,12 +111,8 @@ class BeginCall:
     def _generation(self, config: TokenMergeConfig, x: Any, t: torch.Tensor | None) -> Any:
         """The generation this call belongs to (this thread's; one per classifier-free guidance slot): started afresh
         when the noise level goes back up or the batch, dtype or device changes (one host read of the timestep)."""
-        value = None if t is None else t.flatten().tolist()
         noise = None if t is None else noise_level(t, self.scale)
-        key = (x.shape[0], x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else None
-        generation = self.patch.generations().begin(value, noise, key)
-        config.method_of.begin(config, generation)
-        return generation
+        return self.patch.generations().begin_call(config, x, t, noise)
 
     def _notice_extrapolation(self) -> None:
         """A step cache forecasting its residuals under tome is said once: it runs, but loses more than either alone."""

@@ -118,10 +118,7 @@ class DitPatch(SharedPatch):
     def _generation(self, x: torch.Tensor, t: Any, noise: float | None) -> Any:
         """The generation this call belongs to (this thread's, one per classifier-free guidance slot; a sampling run
         of the patched model starts afresh, :meth:`sampling`), its call begun (one host read of the timestep)."""
-        value = t.flatten().tolist() if isinstance(t, torch.Tensor) else None
-        generation = self.generations().begin(value, noise, (x.shape[0], x.dtype, str(x.device)))
-        self.config.method_of.begin(self.config, generation)
-        return generation
+        return self.generations().begin_call(self.config, x, t if isinstance(t, torch.Tensor) else None, noise)
 
     def generations(self) -> Any:
         """This thread's generations of a per-generation method (:class:`tokenmerge.methods.tokencache.Generations`)."""

@@ -88,6 +88,15 @@ class Generations:
         generation.selections = {}
         return generation
 
+    def begin_call(self, config: TokenMergeConfig, x: Any, timestep: torch.Tensor | None, noise: float | None) -> Generation:
+        """The generation a model call on ``x`` at ``timestep`` belongs to (one host read of the timestep), begun for
+        ``config``'s method: what every front end does at the start of a call."""
+        value = None if timestep is None else timestep.flatten().tolist()
+        key = (x.shape[0], x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else None
+        generation = self.begin(value, noise, key)
+        config.method_of.begin(config, generation)
+        return generation
+
     @property
     def nbytes(self) -> int:
         return sum(g.nbytes for g in self.slots)
