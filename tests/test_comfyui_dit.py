@@ -184,6 +184,22 @@ def _permutation_plan(x):
     return MergePlan(keep, none, none, torch.ones(b, n, 1), torch.argsort(keep, dim=1))
 
 
+def _recording(model, found) -> tuple:
+    """(recorder, clone, hooks): a clone of ``model`` whose every block is another node's block patch recording the
+    tokens it runs on (or, on a model without block patches, the model's layers hooked: their attention sees the
+    sequence the layer runs on); remove the hooks after."""
+    recorder = _BlockRecorder()
+    other = model.clone()
+    hooks = []
+    for kind, attribute in found.blocks.lists:
+        for i, block in enumerate(getattr(model.model.diffusion_model, attribute)):
+            if found.blocks.wrapped:  # no block patches (NextDiT)
+                hooks.append(block.attention.register_forward_pre_hook(lambda _, a: recorder.seen.append(a[0].shape[1])))
+            else:
+                other.set_model_patch_replace(recorder, "dit", kind, i)
+    return recorder, other, hooks
+
+
 def _tome_blocks(comfy_dits, node, name: str, model, found, vanilla) -> dict:
     """ToMe through the block replace patches, chained over another node's block patches (or, on a model without
     them, through its wrapped layers)."""
@@ -192,15 +208,7 @@ def _tome_blocks(comfy_dits, node, name: str, model, found, vanilla) -> dict:
     from tokenmerge.integrations import comfyui_blocks
     from tokenmerge.methods import BlockAction
 
-    recorder = _BlockRecorder()
-    other = model.clone()
-    hooks = []
-    for kind, attribute in found.blocks.lists:
-        for i, block in enumerate(getattr(model.model.diffusion_model, attribute)):
-            if found.blocks.wrapped:  # no block patches (NextDiT): its attention sees the sequence the layer runs on
-                hooks.append(block.attention.register_forward_pre_hook(lambda _, a: recorder.seen.append(a[0].shape[1])))
-            else:
-                other.set_model_patch_replace(recorder, "dit", kind, i)
+    recorder, other, hooks = _recording(model, found)
     plain = comfy_dits.sample(other, name)
     seen_plain = list(recorder.seen)
     identity = comfy_dits.sample(node.patch(other, method="tome", ratio=0.0)[0], name)
@@ -238,15 +246,7 @@ def _tokencache_blocks(comfy_dits, node, name: str, model, found) -> dict:
     a model without them) and the attention override (under another node's override set after it)."""
     import torch
 
-    recorder = _BlockRecorder()
-    other = model.clone()
-    hooks = []
-    for kind, attribute in found.blocks.lists:
-        for i, block in enumerate(getattr(model.model.diffusion_model, attribute)):
-            if found.blocks.wrapped:
-                hooks.append(block.attention.register_forward_pre_hook(lambda _, a: recorder.seen.append(a[0].shape[1])))
-            else:
-                other.set_model_patch_replace(recorder, "dit", kind, i)
+    recorder, other, hooks = _recording(model, found)
     try:
         vanilla = comfy_dits.sample(model, name, STEPS)
         recorder.seen.clear()
