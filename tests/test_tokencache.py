@@ -107,6 +107,32 @@ def test_a_cached_step_that_recomputes_every_token_equals_vanilla(name, monkeypa
         assert relative(outputs[i], vanilla[i]) < 1e-5, f"step {i}: {relative(outputs[i], vanilla[i])}"
 
 
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_caches_written_in_place_are_not_changed_by_the_blocks(name, monkeypatch):
+    """A cached step writes its recomputed rows into the caches in place and hands a span's caller the output cache
+    itself, the attention the cached keys and values: a block that added to them in place would poison the steps
+    after it. The outputs equal those of caches copied before they are handed on."""
+    calls = generation(name)
+
+    def patched_run() -> list[torch.Tensor]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with tokenmerge.patched(model_of(name), **OPTIONS):
+                return run(name, calls)
+
+    in_place = patched_run()
+    scatter, fill_keys = tokencache.SelectSpan.scatter, tokencache.SelectSpan.fill_keys
+    monkeypatch.setattr(tokencache.SelectSpan, "scatter", lambda self, y, span=0: scatter(self, y, span).clone())
+    monkeypatch.setattr(
+        tokencache.SelectSpan,
+        "fill_keys",
+        lambda self, *args: tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in fill_keys(self, *args)),
+    )
+    copied = patched_run()
+    for i, (a, b) in enumerate(zip(in_place, copied)):
+        assert torch.equal(a, b), f"call {i}: {relative(a, b)}"
+
+
 def test_recompute_one_is_the_identity():
     calls = generation("flux", calls=5)
     vanilla = run("flux", calls)

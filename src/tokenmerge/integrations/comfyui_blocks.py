@@ -190,8 +190,14 @@ def _restore(plan: MergePlan, start: int, x: torch.Tensor, gathered: torch.Tenso
     """Every token's block output from the merged block's ``y``: each image token is its input plus the residual its
     destination's merged token got (``gathered``: the merged tokens as they went in); the rest of ``y`` in place."""
     n, k = plan.num_tokens, plan.num_kept
-    image = x[:, start : start + n] + plan.scatter(y[:, start : start + k] - gathered)
-    return torch.cat([y[:, :start], image, y[:, start + k :]], dim=1)
+    residual = plan.scatter(y[:, start : start + k] - gathered)
+    if start == 0 and k == y.shape[1]:
+        return x + residual
+    out = y.new_empty(y.shape[0], y.shape[1] - k + n, y.shape[2])  # written once (a sum and a concatenation copy twice)
+    out[:, :start] = y[:, :start]
+    torch.add(x[:, start : start + n], residual, out=out[:, start : start + n])
+    out[:, start + n :] = y[:, start + k :]
+    return out
 
 
 class DitCache(DitBlocks, AttentionOverride):

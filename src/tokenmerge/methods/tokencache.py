@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 @dataclass
 class Generation:
     """The caches of one generation (one slot of one thread): per grid, the block input each image token had when it
-    was last computed; per (block, span), each image token's output; per (block, attention site), the image keys and
-    values of the last full step; and what this call does."""
+    was last computed; per (block, span), each image token's output; per (block, attention site), the keys and
+    values of the attention's whole sequence (an image token's: of its last computation); and what this call does."""
 
     key: tuple  # (batch, dtype, device): another starts a new generation
     noise: float | None = None  # the last call's noise level
@@ -44,7 +44,7 @@ class Generation:
     ran: bool = False  # a block of the current call acted
     inputs: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, N, C)
     outputs: dict[tuple, torch.Tensor] = field(default_factory=dict)  # (block, span) -> (B, N, C')
-    keys: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # (block, site) -> (B, H, N, D) x 2
+    keys: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # (block, site) -> (B, H, S, D) x 2
     full: bool = True  # this call computes every token
     selections: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, k) this call's tokens
 
@@ -144,31 +144,41 @@ class SelectSpan:
         if self.index is None:
             self.generation.outputs[key] = y.detach().clone()
             return y
-        full = self.generation.outputs[key].to(y.dtype).scatter(1, self._expand(y), y)
-        self.generation.outputs[key] = full.detach()
-        return full
+        cache = self.generation.outputs[key]
+        if cache.dtype != y.dtype:
+            cache = self.generation.outputs[key] = cache.to(y.dtype)
+        # written in place (a copy of every token per span and step otherwise): the caller reads the result before the
+        # next step writes into it again, and no block adds to a span's output in place
+        return cache.scatter_(1, self._expand(y), y.detach())
 
     def fill_keys(self, site: int, key: torch.Tensor, value: torch.Tensor, mask: Any, start: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """(B, H, S', D) keys and values of an attention of the span, with every image token's: the gathered tokens'
         fresh, the others' kept from their last computation (recorded whole on a full step); a mask over the gathered
-        keys widened to every key (the others attended)."""
+        keys widened to every key (the others attended). The cache holds the attention's whole key and value sequence
+        (text too): a cached step writes its fresh rows into it in place and hands it to the attention, instead of
+        copying every image token's keys twice (a scatter, a concatenation)."""
         cache = (self.block, site)
         if self.index is None:
-            self.generation.keys[cache] = tuple(t[:, :, start : start + self.n].detach().clone() for t in (key, value))
+            # a clone keeps the strides of a view (B, H, S, D) of a (B, S, H, D) tensor: the caller's layout is kept
+            self.generation.keys[cache] = tuple(t.detach().clone() for t in (key, value))
             return key, value, mask
-        k = self.index.shape[1]
-
-        def fill(fresh: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-            at = self.index[:, None, :, None].expand(-1, fresh.shape[1], -1, fresh.shape[-1])
-            return kept.to(fresh.dtype).scatter(2, at, fresh[:, :, start : start + k])
-
-        image_k, image_v = (fill(t, kept) for t, kept in zip((key, value), self.generation.keys[cache]))
-        self.generation.keys[cache] = (image_k.detach(), image_v.detach())
-        key = torch.cat([key[:, :, :start], image_k, key[:, :, start + k :]], dim=2)
-        value = torch.cat([value[:, :, :start], image_v, value[:, :, start + k :]], dim=2)
-        if isinstance(mask, torch.Tensor) and mask.shape[-1] == key.shape[2] - self.n + k:
-            mask = _widen(mask, self.index, start, self.n)
-        return key, value, mask
+        k, n = self.index.shape[1], self.n
+        kept = self.generation.keys[cache]
+        at = self.index[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
+        if kept[0].shape != (*key.shape[:2], key.shape[2] - k + n, key.shape[3]) or kept[0].dtype != key.dtype:
+            # another text length (or dtype) than the full step's: only its image keys can be kept
+            kept = tuple(
+                torch.cat([t[:, :, :start], c[:, :, start : start + n].to(t.dtype), t[:, :, start + k :]], dim=2)
+                for t, c in zip((key, value), kept)
+            )
+            self.generation.keys[cache] = kept
+        for fresh, full in zip((key, value), kept):
+            full[:, :, :start] = fresh[:, :, :start]
+            full[:, :, start + n :] = fresh[:, :, start + k :]
+            full[:, :, start : start + n].scatter_(2, at, fresh[:, :, start : start + k].detach())
+        if isinstance(mask, torch.Tensor) and mask.shape[-1] == key.shape[2]:
+            mask = _widen(mask, self.index, start, n)
+        return kept[0], kept[1], mask
 
     def rows(self, start: int, stop: int) -> SelectSpan | None:
         return self if self.index is None else None  # (its caches hold the whole batch: not a chunk of it)
@@ -256,7 +266,7 @@ class TokenCache(Method):
         change = (x - last).float().norm(dim=-1) / last.float().norm(dim=-1).clamp_min(1e-6)
         selection = select(change, window_of(config))
         at = selection[..., None].expand(-1, -1, x.shape[-1])
-        generation.inputs[grid.shape] = last.scatter(1, at, x.gather(1, at))
+        last.scatter_(1, at, x.gather(1, at))
         return selection
 
     def held(self, generations: Generations) -> str:
