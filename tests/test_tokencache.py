@@ -133,6 +133,26 @@ def test_caches_written_in_place_are_not_changed_by_the_blocks(name, monkeypatch
         assert torch.equal(a, b), f"call {i}: {relative(a, b)}"
 
 
+def test_a_generation_may_mix_inference_mode_and_text_lengths():
+    """Caches that a call cannot write in place are copied once, not an error: those made under
+    ``torch.inference_mode`` and written outside it (the outputs are as if every call ran under ``no_grad``), and
+    keys and values recorded with another text length (the image tokens' kept)."""
+    calls = generation("flux")
+    with tokenmerge.patched(model_of("flux"), **OPTIONS):
+        plain = run("flux", calls)
+        mixed = []
+        for i, inputs in enumerate(calls):
+            with torch.inference_mode(i % 2 == 0):
+                mixed.append(run("flux", [inputs])[0].clone())
+        longer = generation("flux")
+        for i in (2, 3):  # cached steps with 7 text tokens against the full step's 5
+            text = transformer_inputs(model_of("flux"), "flux", *LATENT, batch=2, text_tokens=7)
+            longer[i] = {**longer[i], **{k: text[k] for k in text if k in ("encoder_hidden_states", "txt_ids")}}
+        found = run("flux", longer)
+    assert all(torch.equal(a, b) for a, b in zip(mixed, plain))
+    assert all(torch.isfinite(t).all() for t in found) and relative(found[2], plain[2]) < 0.5
+
+
 def test_recompute_one_is_the_identity():
     calls = generation("flux", calls=5)
     vanilla = run("flux", calls)

@@ -44,7 +44,9 @@ class Generation:
     ran: bool = False  # a block of the current call acted
     inputs: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, N, C)
     outputs: dict[tuple, torch.Tensor] = field(default_factory=dict)  # (block, span) -> (B, N, C')
-    keys: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # (block, site) -> (B, H, S, D) x 2
+    keys: dict[tuple, tuple[torch.Tensor, torch.Tensor, int]] = field(
+        default_factory=dict
+    )  # (block, site) -> (B, H, S, D) x 2, image start
     full: bool = True  # this call computes every token
     selections: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, k) this call's tokens
 
@@ -57,8 +59,8 @@ class Generation:
         held: dict[int | None, int] = {None: sum(_bytes(t) for t in self.inputs.values())}
         for (block, _), t in self.outputs.items():
             held[block] = held.get(block, 0) + _bytes(t)
-        for (block, _), kv in self.keys.items():
-            held[block] = held.get(block, 0) + sum(map(_bytes, kv))
+        for (block, _), (k, v, _) in self.keys.items():
+            held[block] = held.get(block, 0) + _bytes(k) + _bytes(v)
         return held
 
 
@@ -145,8 +147,8 @@ class SelectSpan:
             self.generation.outputs[key] = y.detach().clone()
             return y
         cache = self.generation.outputs[key]
-        if cache.dtype != y.dtype:
-            cache = self.generation.outputs[key] = cache.to(y.dtype)
+        if cache.dtype != y.dtype or not _writable(cache):
+            cache = self.generation.outputs[key] = cache.to(y.dtype, copy=True)
         # written in place (a copy of every token per span and step otherwise): the caller reads the result before the
         # next step writes into it again, and no block adds to a span's output in place
         return cache.scatter_(1, self._expand(y), y.detach())
@@ -160,18 +162,19 @@ class SelectSpan:
         cache = (self.block, site)
         if self.index is None:
             # a clone keeps the strides of a view (B, H, S, D) of a (B, S, H, D) tensor: the caller's layout is kept
-            self.generation.keys[cache] = tuple(t.detach().clone() for t in (key, value))
+            self.generation.keys[cache] = (key.detach().clone(), value.detach().clone(), start)
             return key, value, mask
         k, n = self.index.shape[1], self.n
-        kept = self.generation.keys[cache]
+        *kept, was = self.generation.keys[cache]
         at = self.index[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
-        if kept[0].shape != (*key.shape[:2], key.shape[2] - k + n, key.shape[3]) or kept[0].dtype != key.dtype:
-            # another text length (or dtype) than the full step's: only its image keys can be kept
-            kept = tuple(
-                torch.cat([t[:, :, :start], c[:, :, start : start + n].to(t.dtype), t[:, :, start + k :]], dim=2)
+        length = (*key.shape[:2], key.shape[2] - k + n, key.shape[3])
+        if kept[0].shape != length or was != start or kept[0].dtype != key.dtype or not _writable(kept[0]):
+            # another text length or dtype than the full step's: only its image keys can be kept, in a new buffer
+            kept = [
+                torch.cat([t[:, :, :start], c[:, :, was : was + n].to(t.dtype), t[:, :, start + k :]], dim=2)
                 for t, c in zip((key, value), kept)
-            )
-            self.generation.keys[cache] = kept
+            ]
+            self.generation.keys[cache] = (*kept, start)
         for fresh, full in zip((key, value), kept):
             full[:, :, :start] = fresh[:, :, :start]
             full[:, :, start + n :] = fresh[:, :, start + k :]
@@ -182,6 +185,12 @@ class SelectSpan:
 
     def rows(self, start: int, stop: int) -> SelectSpan | None:
         return self if self.index is None else None  # (its caches hold the whole batch: not a chunk of it)
+
+
+def _writable(t: torch.Tensor) -> bool:
+    """Whether a cache can be written in place: not one made under ``torch.inference_mode`` when this call runs
+    outside it (a generation whose calls mix the two: the cache is copied once)."""
+    return not t.is_inference() or torch.is_inference_mode_enabled()
 
 
 def _widen(mask: torch.Tensor, index: torch.Tensor, start: int, n: int) -> torch.Tensor:
@@ -263,6 +272,8 @@ class TokenCache(Method):
         if generation.full or last is None or last.shape != x.shape:
             generation.inputs[grid.shape] = x.clone()
             return None
+        if not _writable(last):
+            last = generation.inputs[grid.shape] = last.clone()
         change = (x - last).float().norm(dim=-1) / last.float().norm(dim=-1).clamp_min(1e-6)
         selection = select(change, window_of(config))
         at = selection[..., None].expand(-1, -1, x.shape[-1])
