@@ -311,6 +311,30 @@ def test_a_configuration_identical_to_vanilla_summarises_and_plots(tmp_path):
     assert (tmp_path / "frontier.png").stat().st_size > 1000
 
 
+def test_the_work_frontier_plots_eval_json_files(tmp_path, capsys):
+    """`tokenmerge frontier` reads `eval --json` files: a panel per model and seed set, the token cache its own line."""
+    pytest.importorskip("matplotlib")
+    from tokenmerge.tools.evaluate import group_of
+
+    def row(config: str, psnr: float, less_work: float) -> dict:
+        return {"config": config, "psnr_mean": psnr, "psnr_std": 1.0, "less_work": less_work}
+
+    meta = {"model": "flux", "steps": 28, "seeds": 8, "first_seed": 0}
+    files = []
+    for i, rows in enumerate(
+        [
+            [row("vanilla", float("inf"), 1.0), row("tokenmerge r=0.5", 15.6, 2.4), row("tokenmerge tokencache", 27.9, 2.8)],
+            [row("tokenmerge tokencache 0.05 refresh_every=14 full_steps=2", 21.6, 5.3)],
+        ]
+    ):
+        files.append(tmp_path / f"{i}.json")
+        files[-1].write_text(json.dumps({"meta": meta, "results": rows}))
+    out = tmp_path / "frontier.png"
+    assert main(["frontier", *map(str, files), "--out", str(out), "--label", "tome:0.5"]) == 0
+    assert out.stat().st_size > 1000 and "wrote" in capsys.readouterr().out
+    assert group_of("tokenmerge tokencache 0.05 refresh_every=14 full_steps=2") == "tokenmerge tokencache (settings)"
+
+
 def test_eval_without_the_photograph_packages_says_so_first_and_keeps_its_results(tiny_reference, tmp_path, capsys, monkeypatch):
     """After the README's `pip install -e ".[eval]"` the photographs' packages (installed --no-deps by .ci/run) may be
     missing: eval says so before it samples, naming the install, skips the photograph checks and still writes every

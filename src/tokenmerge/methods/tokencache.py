@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from ..config import TokenMergeConfig
 
 
+KeyValues = tuple[torch.Tensor, torch.Tensor, int]  # an attention's (B, H, S, D) keys and values, where its image starts
+
+
 @dataclass
 class Generation:
     """The caches of one generation (one slot of one thread): per grid, the block input each image token had when it
@@ -44,9 +47,7 @@ class Generation:
     ran: bool = False  # a block of the current call acted
     inputs: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, N, C)
     outputs: dict[tuple, torch.Tensor] = field(default_factory=dict)  # (block, span) -> (B, N, C')
-    keys: dict[tuple, tuple[torch.Tensor, torch.Tensor, int]] = field(
-        default_factory=dict
-    )  # (block, site) -> (B, H, S, D) x 2, image start
+    keys: dict[tuple, KeyValues] = field(default_factory=dict)  # (block, site) -> its keys, values, image start
     full: bool = True  # this call computes every token
     selections: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, k) this call's tokens
 

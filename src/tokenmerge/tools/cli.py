@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -325,6 +326,16 @@ def _support(args: argparse.Namespace) -> int:
     return 0
 
 
+def _frontier(args: argparse.Namespace) -> int:
+    from .evaluate import save_work_frontier
+    from .specs import PatchSpec
+
+    files = [json.loads(Path(f).read_text()) for f in args.files]
+    save_work_frontier(files, args.out, highlight=tuple(PatchSpec.parse(h).name for h in args.label))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _describe(args: argparse.Namespace) -> int:
     """``tokenmerge describe MODEL``: a family's published architecture (built on the meta device: no memory, no
     download) or a local diffusers folder's (its configs only), patched with ``--config``, described at a size."""
@@ -520,6 +531,16 @@ def build_parser() -> argparse.ArgumentParser:
     support.add_argument("--notes", action="store_true", help="add how each family's token grid, text and positions are read")
     support.add_argument("--write-readme", metavar="README", help="replace the matrix between the README's markers instead of printing")
     support.set_defaults(func=_support)
+    frontier = commands.add_parser(
+        "frontier",
+        help="plot PSNR against the work saved from the JSON files of `tokenmerge eval --json` (needs matplotlib)",
+        description="One panel per model and seed set of the files, a line per kind of configuration: the quality and "
+        "work frontier, machine-independent (an eval's seconds on a 64 px model are not).",
+    )
+    frontier.add_argument("files", nargs="+", metavar="JSON", help="files written by `tokenmerge eval --json`")
+    frontier.add_argument("--out", required=True, metavar="PNG")
+    frontier.add_argument("--label", nargs="*", default=[], metavar="CONFIG", help="configurations named on the plot (e.g. tome:0.5)")
+    frontier.set_defaults(func=_frontier)
     return parser
 
 

@@ -349,30 +349,83 @@ def results_json(results: list[Result], **meta: Any) -> str:
     return json.dumps({"meta": meta, "results": [r.summary() for r in results]}, indent=2)
 
 
+def group_of(name: str) -> str:
+    """The line of a frontier plot a configuration (by its result's name) belongs to: what it varies."""
+    if " + " in name:
+        return "with a step cache" if not name.startswith("tokenmerge") else f"tokenmerge + {name.split(' + ')[-1]}"
+    if name.startswith("tokenmerge r="):
+        return "tokenmerge tome (ratio)"
+    if name.startswith("tokenmerge todo"):
+        return "tokenmerge todo (kv_factor)"
+    if name.startswith("tokenmerge auto") and "max_noise=" in name:  # one line per budget, along max_noise
+        return " ".join(w for w in name.split() if not w.startswith("max_noise=")) + " (max_noise)"
+    if name.startswith("tokenmerge auto"):
+        return "tokenmerge auto (budget)"
+    if name.startswith("tokenmerge tokencache"):
+        return "tokenmerge tokencache (settings)"
+    if name.startswith("tomesd"):
+        return "tomesd (ratio)"
+    return "step caches alone"
+
+
 def frontier_groups(results: list[Result]) -> dict[str, list[Result]]:
-    """The configurations of a frontier plot by what they vary: ToMe ratios, token-downsampling factors, auto
-    budgets, step caches alone and stacked (each a line ordered by speed-up); the rest as single points."""
+    """The configurations of a frontier plot by what they vary (:func:`group_of`: ToMe ratios, token-downsampling
+    factors, auto budgets, token-cache settings, step caches alone and stacked), each a line ordered by speed-up."""
     groups: dict[str, list[Result]] = {}
     for result in results:
-        if result.name == "vanilla":
-            continue
-        name = result.name
-        if " + " in name:
-            group = "with a step cache" if not name.startswith("tokenmerge") else f"tokenmerge + {name.split(' + ')[-1]}"
-        elif name.startswith("tokenmerge r="):
-            group = "tokenmerge tome (ratio)"
-        elif name.startswith("tokenmerge todo"):
-            group = "tokenmerge todo (kv_factor)"
-        elif name.startswith("tokenmerge auto") and "max_noise=" in name:  # one line per budget, along max_noise
-            group = " ".join(w for w in name.split() if not w.startswith("max_noise=")) + " (max_noise)"
-        elif name.startswith("tokenmerge auto"):
-            group = "tokenmerge auto (budget)"
-        elif name.startswith("tomesd"):
-            group = "tomesd (ratio)"
-        else:
-            group = "step caches alone"
-        groups.setdefault(group, []).append(result)
+        if result.name != "vanilla":
+            groups.setdefault(group_of(result.name), []).append(result)
     return {g: sorted(rs, key=lambda r: r.speedup) for g, rs in groups.items()}
+
+
+def save_work_frontier(files: list[dict[str, Any]], path: str | Path, highlight: tuple[str, ...] = ()) -> None:
+    """PSNR against vanilla (mean over seeds, bars: one standard deviation) against the work saved (vanilla's
+    multiply-adds / the configuration's: machine-independent, unlike a small model's seconds), from the JSON files
+    of ``tokenmerge eval --json`` (``files``: their contents): one panel per model and seed set, the configurations of
+    its files pooled (the first file's row where two have one), one line per group of :func:`group_of`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: dict[str, dict[str, dict[str, Any]]] = {}
+    for data in files:
+        meta = data["meta"]
+        seeds = f"seeds {meta['first_seed']}-{meta['first_seed'] + meta['seeds'] - 1}"
+        rows = panels.setdefault(f"{meta['model']}, {meta['steps']} steps, {seeds}", {})
+        for row in data["results"]:
+            if row["config"] != "vanilla":
+                rows.setdefault(row["config"], row)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
+    for ax, (title, rows) in zip(axes[0], panels.items()):
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for row in rows.values():
+            groups.setdefault(group_of(row["config"]), []).append(row)
+        for group, members in groups.items():
+            members.sort(key=lambda r: r["less_work"])
+            x = [r["less_work"] for r in members]
+            y = [r["psnr_mean"] for r in members]
+            ax.errorbar(
+                x,
+                y,
+                yerr=[r["psnr_std"] for r in members],
+                marker="o",
+                capsize=3,
+                label=group,
+                linestyle="-" if len(members) > 1 else "none",
+            )
+            for r, xv, yv in zip(members, x, y):
+                if r["config"] in highlight:
+                    short = r["config"].replace("tokenmerge ", "").replace("refresh_every=", "/").replace("full_steps=", "/")
+                    ax.annotate(short, (xv, yv), fontsize=7, xytext=(4, 4), textcoords="offset points")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("work saved: x less multiply-adds than vanilla")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("PSNR against vanilla (dB)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def save_frontier(results: list[Result], path: str | Path, title: str, highlight: tuple[str, ...] = ()) -> None:
