@@ -82,8 +82,9 @@ def decide(config: TokenMergeConfig, facts: BlockFacts) -> BlockAction:
         facts.notes.append(
             (
                 "deciding cache",
-                f"{decider} whether to run the rest; merged, that output would carry ToMe's error, which changes from "
-                f"step to step by more than the cache's threshold, and the cache would reuse no step: {method.name} leaves them whole",
+                f"{decider} whether to run the rest; reduced, that output would carry {method.name}'s error, which changes "
+                f"from step to step by more than the cache's threshold, and the cache would reuse no step: {method.name} leaves "
+                "them whole",
             )
         )
         return idle("a step cache decides by its output")
