@@ -292,8 +292,11 @@ def _cached_step_of_unchanged_input(comfy_dits, node, name: str, model) -> float
     probed = model.clone()
 
     def thrice(executor, *args, **kwargs):  # outside tokenmerge's apply_model wrapper: three calls of it
-        for _ in range(3):
-            cache.generations().last = (None, -1)
+        for _ in range(3):  # each the next step: the slot's timestep and noise level forgotten
+            generations = cache.generations()
+            generations.last = (None, -1)
+            for slot in generations.slots:
+                slot.noise = None
             outputs.append(executor(*args, **kwargs))
         return outputs[-1]
 

@@ -145,3 +145,34 @@ def test_regional_compilation_compiles_as_many_graphs_at_any_depth(name, options
         assert all(torch.equal(c, eager) for c in compiled) and not torch.equal(eager, vanilla)
         counts.append(len(graphs))
     assert counts[0] == counts[1], f"{counts[0]} graphs with 1 block, {counts[1]} with 3"
+
+
+@pytest.mark.parametrize("how", ["whole", "blocks"])
+def test_the_token_cache_under_compile_says_it_does_not_act_and_recompiles_nothing(how):
+    """``torch.compile(transformer)`` and diffusers' ``compile_repeated_blocks()`` on a token-cache patch: said once,
+    the compiled model computes as the unpatched one, and across two generations and two sizes no code object is
+    compiled more than four times (``fail_on_recompile_limit_hit``)."""
+    from test_tokencache import generation
+
+    model = build_model("flux", small=True)
+    calls = generation("flux", batch=1, calls=4)
+    other = [transformer_inputs(model, "flux", 12, 12, batch=1, seed=3, text_tokens=5)]
+    with torch.no_grad():
+        vanilla = [transformer_output("flux", model(**c)) for c in calls + other]
+    tokenmerge.apply_patch(model, method="tokencache", recompute=0.25, full_steps=1, refresh_every=3)
+    compiled = torch.compile(model, backend="eager") if how == "whole" else model
+    if how == "blocks":
+        model.compile_repeated_blocks(backend="eager")
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.fail_on_recompile_limit_hit, torch._dynamo.config.recompile_limit = True, 4
+    try:
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            outputs = [transformer_output("flux", compiled(**c)) for c in calls + calls + other]
+    finally:
+        torch._dynamo.config.fail_on_recompile_limit_hit, torch._dynamo.config.recompile_limit = False, limit
+        tokenmerge.remove_patch(model)
+        torch._dynamo.reset()
+    said = [str(w.message) for w in caught if "does not act inside torch.compile" in str(w.message)]
+    assert len(said) == 1
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(outputs, vanilla[:-1] * 2 + vanilla[-1:], strict=True))

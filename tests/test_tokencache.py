@@ -241,7 +241,7 @@ def test_describe_says_what_it_caches_and_how_much_it_holds():
         before = str(tokenmerge.describe(model, (8, 8)))
         run("flux", generation("flux", calls=2))
         after = str(tokenmerge.describe(model, (8, 8)))
-    assert "1 token in 4 recomputed (16 of 64, 8x8)" in before and "nothing held yet" in before
+    assert "1 token in 4 recomputed (16 of 64, 8x8)" in before and "nothing held in this thread" in before
     assert "MiB held in this thread (1 guidance slot(s), batch 2)" in after
 
 

@@ -196,9 +196,9 @@ def test_extension_routes_forges_token_merging_through_tokenmerge(webui_modules,
         assert torch.isfinite(out).all() and not torch.equal(out, vanilla)
     assert torch.equal(forge_standin.sample(sd_model.forge_objects_after_applying_lora.unet, x, context), vanilla)
 
-    webui_modules.shared.opts.tokenmerge_method = "tokencache"  # not on Forge's route yet: unchanged, said once
+    webui_modules.shared.opts.tokenmerge_method = "tokencache"  # Forge's patch points are around attention only: refused
     sd_model.forge_objects = sd_model.forge_objects_after_applying_lora.shallow_copy()
-    with pytest.warns(UserWarning, match="method='tokencache' does not run on Forge yet"):
+    with pytest.warns(UserWarning, match="method='tokencache' does not run on Forge: .* patch points around attention only"):
         forge_standin.apply_token_merging(sd_model, 0.5)
     assert torch.equal(forge_standin.sample(sd_model.forge_objects.unet, x, context), vanilla)
 

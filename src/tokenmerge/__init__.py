@@ -14,13 +14,14 @@ eval, examples, reference models) sit on top.
 from ._version import __version__
 from .config import TokenMergeConfig
 from .describe import describe
-from .patch import apply_patch, get_config, get_configs, patched, remove_patch, update_options
+from .patch import apply_patch, generation, get_config, get_configs, patched, remove_patch, update_options
 
 __all__ = [
     "TokenMergeConfig",
     "__version__",
     "apply_patch",
     "describe",
+    "generation",
     "get_config",
     "get_configs",
     "patched",

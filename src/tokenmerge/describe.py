@@ -150,6 +150,12 @@ def _steps(pipe: Any, component: str, config: TokenMergeConfig, steps: int, grid
     positions = [StepPosition(i, len(timesteps)) for i in range(len(timesteps))]
     reduced = [i for i in runs if not gated(config, noise_of(pipe, timesteps[i]), positions[i])]
     share = f"runs {len(runs)} of the {len(timesteps)} steps; " if len(runs) != len(timesteps) else ""
+    acting = config.method_of.acting_steps(config, len(timesteps))
+    if acting is not None:  # a method acting on some steps only (the token cache: its cached steps)
+        cached = [i for i in reduced if i in acting]
+        if not cached:
+            return f"{share}caches 0 of {len(runs)}: all are computed fully"
+        return f"{share}caches {len(cached)} of {len(runs)} (from step {cached[0] + 1} on); the others are computed fully"
     if len(reduced) == len(runs):
         return f"{share}reduces all {len(runs)}"
     above = f"at noise above max_noise={config.noise_limit:g}"
@@ -157,8 +163,12 @@ def _steps(pipe: Any, component: str, config: TokenMergeConfig, steps: int, grid
         above = f"before the last {config.few_step_share:.0%} of a few-step schedule (at most {FEW_STEPS} steps)"
     if not reduced:
         return f"{share}reduces 0 of {len(runs)}: all {above}"
-    which = f"step {reduced[0] + 1}" if len(reduced) == 1 else f"steps {reduced[0] + 1}-{reduced[-1] + 1}"
-    return f"{share}reduces {len(reduced)} of {len(runs)} ({which}); the others are {above}"
+    return f"{share}reduces {len(reduced)} of {len(runs)} ({_which(reduced)}); the others are {above}"
+
+
+def _which(steps: list[int]) -> str:
+    """'step 3' or 'steps 3-9' (1-based, first to last)."""
+    return f"step {steps[0] + 1}" if len(steps) == 1 else f"steps {steps[0] + 1}-{steps[-1] + 1}" if steps else ""
 
 
 def _describe(patch: PatchState, grid: TokenGrid | None, component: str, steps: str) -> DenoiserDescription:

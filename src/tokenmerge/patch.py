@@ -243,6 +243,28 @@ def get_config(model: Any) -> TokenMergeConfig | None:
     return next(iter(configs.values()), None)
 
 
+def end_generations(model: Any) -> None:
+    """The generations of ``model``'s patched denoisers running in this thread are over: what a per-generation method
+    (the token cache) holds for them is freed, and the next call starts a new one. Front ends that know where a
+    generation begins or ends call it (the webui at each sampling's first step)."""
+    for _, state in _patched_states(model):
+        state.end_generations()
+
+
+@contextlib.contextmanager
+def generation(model: Any) -> Iterator[Any]:
+    """``with tokenmerge.generation(model): <a sampling loop>``: the calls of ``model`` in this thread inside the block
+    are one generation, begun afresh and freed when the block ends, also on an exception or a break. A loop of one's
+    own that calls a patched denoiser needs it where generations would otherwise be told apart by their noise levels
+    alone (one-step generations at one timestep, an img2img pass after an interrupted run); a diffusers pipeline's
+    own calls, ComfyUI's sampling runs and the webui's are scoped already."""
+    end_generations(model)
+    try:
+        yield model
+    finally:
+        end_generations(model)
+
+
 @contextlib.contextmanager
 def patched(model: Any, *args: Any, **options: Any) -> Iterator[Any]:
     """``with tokenmerge.patched(pipe, ratio=0.5): ...``: the patch holds inside the block; after it (also on an

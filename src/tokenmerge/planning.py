@@ -28,14 +28,18 @@ def block_key(*identity: int) -> int:
     return hash_ints(_BLOCK_SALT, *identity)
 
 
-def noise_level(timestep: torch.Tensor, scale: tuple[float, float]) -> float:
-    """The noise level of a call, 1 = pure noise and 0 = clean, from its ``timestep`` and the family's ``scale``
-    (the timestep's value at pure noise and when clean: (1000, 0) for most models, (1, 0) where the pipeline divides
-    by 1000, (0, 1) where it counts from noise to clean). The noisiest of the call's entries decides (a per-token
-    timestep marks a clean condition frame with 0; the sample's step is the largest). One host read."""
+def noise_level(timestep: torch.Tensor | list[float], scale: tuple[float, float]) -> float:
+    """The noise level of a call, 1 = pure noise and 0 = clean, from its ``timestep`` (or its values, read already)
+    and the family's ``scale`` (the timestep's value at pure noise and when clean: (1000, 0) for most models, (1, 0)
+    where the pipeline divides by 1000, (0, 1) where it counts from noise to clean). The noisiest of the call's entries
+    decides (a per-token timestep marks a clean condition frame with 0; the sample's step is the largest). One host
+    read of a tensor."""
     noisy, clean = scale
-    extreme = timestep.detach().max() if noisy > clean else timestep.detach().min()
-    return (float(extreme) - clean) / (noisy - clean)
+    if isinstance(timestep, torch.Tensor):
+        extreme = float(timestep.detach().max() if noisy > clean else timestep.detach().min())
+    else:
+        extreme = max(timestep) if noisy > clean else min(timestep)
+    return (extreme - clean) / (noisy - clean)
 
 
 def gated(config: TokenMergeConfig, noise: float | None, position: StepPosition | None = None) -> bool:

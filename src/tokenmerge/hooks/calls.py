@@ -14,7 +14,7 @@ from ..families.base import Declined
 from ..methods import IDLE, BlockFacts, PlanStore
 from ..notices import warn_at_caller
 from ..planning import decide, gated, noise_level
-from ..steps import StepPosition, counts_steps, few_step_clause, few_step_notice, locate
+from ..steps import StepPosition, counts_steps, few_step_clause, few_step_notice, locate, position_in
 from . import dispatch
 from .parallel import ContextSplit, context_split
 from .sites import keyword_route
@@ -50,11 +50,12 @@ _BEGIN_CALLS: weakref.WeakValueDictionary[int, BeginCall] = weakref.WeakValueDic
 
 
 @torch._dynamo.assume_constant_result
-def _traced(key: int) -> bool:
-    """Run by dynamo once, when it traces a call of a patched denoiser inside a compiled graph (never in eager)."""
+def _traced(key: int, what: str = "noise gate") -> bool:
+    """Run by dynamo once, when it traces a call of a patched denoiser (or block) inside a compiled graph (never in
+    eager): says what cannot act there."""
     hook = _BEGIN_CALLS.get(key)
     if hook is not None:
-        hook.notice_compiled()
+        hook.notice_compiled(what)
     return True
 
 
@@ -66,10 +67,12 @@ class BeginCall:
         self.timestep = patch.layout.timestep_reader()
         self.scale = get_family(patch.layout.family).timesteps
         _BEGIN_CALLS[id(self)] = self
+        patch.begin_key = id(self)  # for the blocks' hooks inside a compiled graph (_traced)
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # a copy (deepcopy, pickle) of a patched model
         self.__dict__.update(state)
         _BEGIN_CALLS[id(self)] = self
+        self.patch.begin_key = id(self)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         patch = self.patch
@@ -84,21 +87,26 @@ class BeginCall:
             return
         t = self._timestep(args, kwargs)
         config = patch.config
+        # The call's one host read of its timestep (a device sync), where something needs its value: a new denoising
+        # step for reuse_steps, the noise gate, a generation's slot.
+        values = t.flatten().tolist() if t is not None and self._reads(config) and not torch.compiler.is_compiling() else None
         step = -1
         if config.reuse_steps > 1:
-            # A new denoising step is a new timestep value (reading it syncs with the device, so only here).
+            # A new denoising step is a new timestep value.
             cache = patch.step_cache()
-            value = None if t is None else t.flatten().tolist()
-            if value is None or value != cache.last_timestep:
+            if values is None or values != cache.last_timestep:
                 cache.step += 1
-                cache.last_timestep = value
+                cache.last_timestep = values
             step = cache.step
-        noise = self._noise(t, config)
+        noise = self._noise(t, values, config)
         position = self._position(noise, config)
         self._notice_gate(config, noise, position)
         call = CallState(config, t, step, split=context_split(patch.layout.root), noise=noise, position=position)
-        if config.method_of.per_generation and not config.is_identity and not torch.compiler.is_compiling():
-            call.generation = self._generation(config, x, t)
+        if config.method_of.per_generation and not config.is_identity:
+            if torch.compiler.is_compiling():
+                _traced(id(self), "generation")  # runs once, when the graph is traced
+            else:
+                call.generation = self._generation(config, x, values)
         if patch.routes_dispatch and not torch.compiler.is_compiling():
             dispatch.ensure_wrapped()  # once per call: backends registered (cache-dit) after the patch get the route too
         patch.push(call)
@@ -108,11 +116,34 @@ class BeginCall:
         if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and not torch.compiler.is_compiling():
             patch.record(x, call)
 
-    def _generation(self, config: TokenMergeConfig, x: Any, t: torch.Tensor | None) -> Any:
-        """The generation this call belongs to (this thread's; one per classifier-free guidance slot): started afresh
-        when the noise level goes back up or the batch, dtype or device changes (one host read of the timestep)."""
-        noise = None if t is None else noise_level(t, self.scale)
-        return self.patch.generations().begin_call(config, x, t, noise)
+    @staticmethod
+    def _reads(config: TokenMergeConfig) -> bool:
+        """Whether a call under ``config`` needs its timestep's value."""
+        if config.is_identity:
+            return False
+        return config.reuse_steps > 1 or config.noise_limit < 1 or config.method_of.per_generation
+
+    def _generation(self, config: TokenMergeConfig, x: Any, values: list[float] | None) -> Any:
+        """The generation this call belongs to (this thread's; one per classifier-free guidance slot). Under a patched
+        pipeline its schedule scopes it: each of the pipeline's calls sets a new schedule (a new generation, whatever
+        ended the last one) and the schedule's last step frees it; elsewhere it starts afresh when the noise level does
+        not fall or the batch, dtype or device changes."""
+        noise = None if values is None else noise_level(values, self.scale)
+        schedule = self.patch.schedule()
+        marker, final = None, False
+        if schedule is not None and noise is not None and (position := position_in(schedule[1], noise)) is not None:
+            marker, final = schedule[0], position.index == position.total - 1
+        generation = self.patch.generations().begin_call(config, x, values, noise, marker, final)
+        self._notice_short(config, schedule, noise)
+        return generation
+
+    def _notice_short(self, config: TokenMergeConfig, schedule: tuple[Any, list[float]] | None, noise: float | None) -> None:
+        """A schedule too short for the method to act on any of its steps is said once per patch."""
+        if schedule is None or noise is None or position_in(schedule[1], noise) is None:
+            return
+        message = config.method_of.short_schedule(config, len(schedule[1]))
+        if message is not None:
+            self.patch.notice("short schedule", message)
 
     def _notice_extrapolation(self) -> None:
         """A step cache forecasting its residuals under tome is said once: it runs, but loses more than either alone."""
@@ -126,8 +157,9 @@ class BeginCall:
                 "Enable the cache with calibrator_config=None, or use method='auto'",
             )
 
-    def _noise(self, t: torch.Tensor | None, config: TokenMergeConfig) -> float | None:
-        """The call's noise level where ``max_noise`` needs it (one host read; not inside a compiled graph)."""
+    def _noise(self, t: torch.Tensor | None, values: list[float] | None, config: TokenMergeConfig) -> float | None:
+        """The call's noise level where ``max_noise`` needs it (from the call's one host read; not inside a compiled
+        graph)."""
         if config.noise_limit >= 1 or config.is_identity:
             return None
         if torch.compiler.is_compiling():
@@ -138,7 +170,7 @@ class BeginCall:
                 "noise", f"its call has no timestep to read, so max_noise={config.noise_limit:g} cannot act: every step is reduced"
             )
             return None
-        return noise_level(t, self.scale)
+        return noise_level(values, self.scale)
 
     def _notice_gate(self, config: TokenMergeConfig, noise: float | None, position: StepPosition | None) -> None:
         """A call the noise gate leaves whole is said once per patch (auto's default leaves most steps of a flow
@@ -167,9 +199,19 @@ class BeginCall:
             patch.notice("few steps", few_step_notice(config, position, "the pipeline's scheduler" if position.known else "its calls"))
         return position
 
-    def notice_compiled(self) -> None:
-        """Under torch.compile of the whole denoiser the timestep is not read: every step is reduced (said once)."""
+    def notice_compiled(self, what: str) -> None:
+        """Under torch.compile of the whole denoiser the timestep is not read: every step is reduced; a method that keeps
+        state across a generation's calls does not act in compiled code (said once)."""
         config = self.patch.config
+        if what == "generation":
+            self.patch.notice(
+                "compiled generation",
+                f"method={config.method!r} does not act inside torch.compile yet: its caches are Python state that changes "
+                "at every step, on which a compiled graph would be specialised (a recompilation per step and block). The "
+                "compiled code runs unchanged, as the unpatched model. Run the token cache without compiling, or compile "
+                "with method='tome', 'todo' or 'auto'",
+            )
+            return
         self.patch.notice(
             "compiled noise gate",
             f"the whole model is compiled, where the call's timestep cannot be read: max_noise={config.noise_limit:g} cannot "
@@ -197,6 +239,8 @@ class EndCall:
         if call is not None:
             if not call.recomputing and not torch.compiler.is_compiling():
                 self._notice_idle(module, call)
+            if call.generation is not None and call.generation.final:  # its schedule's last step: nothing reads it again
+                self.patch.generations().end(call.generation)
             call.recomputing = False
             self.patch.pop(call)
 
@@ -280,8 +324,12 @@ class PlanBlock:
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         patch, info = self.patch, self.info
-        x = info.input(args, kwargs)
         call = patch.current()
+        if call is not None and torch.compiler.is_compiling() and call.config.method_of.per_generation and not call.config.is_identity:
+            _traced(patch.begin_key, "generation")  # a compiled block (compile_repeated_blocks): said once, when traced
+            call.running = BlockCall(IDLE, info=info)  # (its input unread: no guard on its shape)
+            return None
+        x = info.input(args, kwargs)
         if not torch.compiler.is_compiling() and in_backward():
             if call is not None and call.recomputing and info.index in call.blocks:
                 call.running = call.blocks[info.index]

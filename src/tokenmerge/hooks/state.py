@@ -152,6 +152,7 @@ class PatchState:
         self.epoch = 0
         self.__setstate__({})
         self.pipeline: Any = None  # a weak reference to the diffusers pipeline patched with it (its scheduler's steps)
+        self.begin_key = -1  # its denoiser's BeginCall hook, by id (what compiled code says through hooks.calls._traced)
 
     # -- options ---------------------------------------------------------------------------------------
 
@@ -244,6 +245,13 @@ class PatchState:
     def scheduled_levels(self) -> list[float] | None:
         """The noise levels of the steps of the patched pipeline's schedule, as its ``__call__`` set its scheduler
         (None where no pipeline was patched or its scheduler has no timesteps)."""
+        found = self.schedule()
+        return None if found is None else found[1]
+
+    def schedule(self) -> tuple[torch.Tensor, list[float]] | None:
+        """The patched pipeline's schedule: its scheduler's timesteps (a new tensor for each generation: every call of
+        the pipeline sets them) and their noise levels, read once per schedule (None where no pipeline was patched or
+        its scheduler has no timesteps)."""
         pipe = self.pipeline() if self.pipeline is not None else None
         scheduler = getattr(pipe, "scheduler", None)
         timesteps = getattr(scheduler, "timesteps", None)
@@ -253,7 +261,7 @@ class PatchState:
         if found is None or found[0] is not timesteps:  # read once per set_timesteps
             scale = getattr(getattr(scheduler, "config", None), "num_train_timesteps", None) or 1000
             found = self._local.levels = (timesteps, (timesteps.detach().float().cpu() / scale).tolist())
-        return found[1]
+        return found
 
     def generations(self) -> Any:
         """This thread's generations of a per-generation method (methods.tokencache.Generations), started afresh when
@@ -264,6 +272,12 @@ class PatchState:
         if found is None or found[0] != self.epoch:
             found = self._local.generations = (self.epoch, Generations())
         return found[1]
+
+    def end_generations(self) -> None:
+        """This thread's generations are over (a front end's generation ended, or begins): what they hold is freed."""
+        found = getattr(self._local, "generations", None)
+        if found is not None:
+            found[1].clear()
 
     def cache_bytes(self) -> int:
         """Bytes this thread's generations hold (0 for other methods)."""

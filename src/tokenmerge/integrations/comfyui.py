@@ -89,10 +89,21 @@ def comfy_noise(model_sampling: Any, sigma: Any) -> float | None:
     """The noise level of a ComfyUI step (1 = pure noise, 0 = clean): the timestep ``model_sampling`` gives its
     ``sigma`` (0..999 on SD models, sigma itself on flow models) as a fraction of the noisiest one. None where
     either is missing. One host read."""
-    if model_sampling is None or not isinstance(sigma, torch.Tensor):
-        return None
-    top = float(model_sampling.timestep(model_sampling.sigma_max))
-    return float(model_sampling.timestep(sigma.detach().float()).max()) / top
+    return comfy_step(model_sampling, sigma)[1]
+
+
+def comfy_step(model_sampling: Any, sigma: Any) -> tuple[list[float] | None, float | None]:
+    """A ComfyUI step's ``sigma`` values and noise level (:func:`comfy_noise`), read together: one host read (a
+    device sync on a GPU). (None, None) where ``sigma`` is not a tensor; a noise level of None without
+    ``model_sampling``."""
+    if not isinstance(sigma, torch.Tensor):
+        return None, None
+    sigma = sigma.detach().float()
+    if model_sampling is None:
+        return sigma.flatten().tolist(), None
+    level = model_sampling.timestep(sigma).max().double() / torch.as_tensor(model_sampling.timestep(model_sampling.sigma_max)).double()
+    *values, noise = torch.cat([sigma.flatten().double(), level.reshape(1).to(sigma.device)]).tolist()
+    return values, noise
 
 
 def comfy_levels(model_sampling: Any, sample_sigmas: Any) -> list[float] | None:
@@ -155,10 +166,10 @@ class SharedPatch:
                 "every step (faster, less faithful)"
             )
 
-    def step_noise(self, model_sampling: Any, sigma: Any) -> float | None:
-        """:func:`comfy_noise` of a step; where it cannot be read, one warning per patch that ``max_noise`` cannot
-        act (its own flag: a warning about something else must not hide it)."""
-        noise = comfy_noise(model_sampling, sigma)
+    def step_noise(self, model_sampling: Any, sigma: Any, noise: float | None = None) -> float | None:
+        """:func:`comfy_noise` of a step (``noise``: read already); where it cannot be read, one warning per patch
+        that ``max_noise`` cannot act (its own flag: a warning about something else must not hide it)."""
+        noise = comfy_noise(model_sampling, sigma) if noise is None else noise
         if noise is None and not self._noise_warned:
             self._noise_warned = True
             warn_at_caller(

@@ -37,7 +37,7 @@ from ..methods import BlockAction, BlockFacts
 from ..notices import warn_at_caller
 from ..planning import decide
 from ..steps import StepPosition
-from .comfyui import SharedPatch, comfy_noise
+from .comfyui import SharedPatch, comfy_step
 
 OVERRIDE = "optimized_attention_override"
 WRAPPER_KEY = "tokenmerge"
@@ -97,13 +97,16 @@ class DitPatch(SharedPatch):
             noise = position = generation = None
             # the model's sampling as this sampler runs it (a shift node's object patch applied)
             sampling = getattr(getattr(executor, "class_obj", None), "model_sampling", None)
+            per_generation = self.config.method_of.per_generation and not self.config.is_identity
+            # the call's one host read (a device sync on a GPU), where the gate or a generation needs it
+            values, read = comfy_step(sampling, t) if self.config.noise_limit < 1 or per_generation else (None, None)
             if self.config.noise_limit < 1:
-                noise = self.step_noise(sampling, t)
+                noise = self.step_noise(sampling, t, read)
                 options = args[1] if len(args) > 1 else kwargs.get("transformer_options")  # (control, transformer_options)
                 position = self.step_position(sampling, options, noise)
                 self.notice_gate(noise, position)
-            if self.config.method_of.per_generation and not self.config.is_identity:
-                generation = self._generation(x, t, noise if noise is not None else comfy_noise(sampling, t))
+            if per_generation:
+                generation = self._generation(x, values, read)
             facts = BlockFacts(level=1, top_level=1, grid=grid, noise=noise, position=position)
             action = decide(self.config, facts) if self.per_call else None
             call = DitCall(grid, text, action, noise, t if isinstance(t, torch.Tensor) else None, position, generation)
@@ -115,10 +118,10 @@ class DitPatch(SharedPatch):
 
     per_call = True  # one action per call (key/value methods); False: the patch decides per block
 
-    def _generation(self, x: torch.Tensor, t: Any, noise: float | None) -> Any:
+    def _generation(self, x: torch.Tensor, values: list[float] | None, noise: float | None) -> Any:
         """The generation this call belongs to (this thread's, one per classifier-free guidance slot; a sampling run
-        of the patched model starts afresh, :meth:`sampling`), its call begun (one host read of the timestep)."""
-        return self.generations().begin_call(self.config, x, t if isinstance(t, torch.Tensor) else None, noise)
+        of the patched model starts afresh and ends it, :meth:`sampling`), its call begun."""
+        return self.generations().begin_call(self.config, x, values, noise)
 
     def generations(self) -> Any:
         """This thread's generations of a per-generation method (:class:`tokenmerge.methods.tokencache.Generations`)."""

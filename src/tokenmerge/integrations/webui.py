@@ -25,7 +25,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig, ignored_by
 from ..methods import methods_on
-from ..patch import apply_patch, remove_patch
+from ..patch import apply_patch, end_generations, remove_patch
 from .comfyui import patch_model
 
 SECTION = ("tokenmerge", "Token Merging (tokenmerge)")
@@ -131,8 +131,11 @@ def forge_patcher(settings: Callable[[], dict[str, Any]]) -> type:
                 if config.method not in self.warned:
                     self.warned.add(config.method)
                     warnings.warn(
-                        f"tokenmerge: method={config.method!r} does not run on Forge yet (diffusers and AUTOMATIC1111 "
-                        f"only); Forge's token merging leaves the model unchanged (choose one of {', '.join(methods_on('forge'))})",
+                        f"tokenmerge: method={config.method!r} does not run on Forge: it keeps each image token's outputs of "
+                        "every span of a transformer block (attention, cross-attention, MLP), and Forge's UNet patcher, like "
+                        "ComfyUI's UNets, offers patch points around attention only (attn1, attn2), none around a block's MLP "
+                        "or residual; Forge's token merging leaves the model unchanged (choose one of "
+                        f"{', '.join(methods_on('forge'))}, or run it in AUTOMATIC1111 or diffusers)",
                         stacklevel=2,
                     )
                 return model
@@ -146,6 +149,13 @@ def forge_patcher(settings: Callable[[], dict[str, Any]]) -> type:
                 return model
 
     return ForgeTokenMerge
+
+
+def _at_step(shared: Any, params: Any) -> None:
+    """AUTOMATIC1111's ``on_cfg_denoiser`` callback, before each step's denoiser call: a sampling's first step begins a
+    new generation (what an interrupted or skipped one held is freed; an img2img or hires pass after it starts afresh)."""
+    if getattr(params, "sampling_step", None) == 0 and getattr(shared, "sd_model", None) is not None:
+        end_generations(shared.sd_model)
 
 
 def install(shared: Any, script_callbacks: Any, sd_models: Any, gradio: Any) -> str | None:
@@ -163,6 +173,8 @@ def install(shared: Any, script_callbacks: Any, sd_models: Any, gradio: Any) -> 
     script_callbacks.on_ui_settings(on_ui_settings)
     if hasattr(sd_models, "tomesd"):
         sd_models.tomesd = WebuiTokenMerge(settings)
+        if hasattr(script_callbacks, "on_cfg_denoiser"):
+            script_callbacks.on_cfg_denoiser(lambda params: _at_step(shared, params))
         return "automatic1111"
     try:
         forge = importlib.import_module("backend.misc.tomesd")

@@ -134,6 +134,16 @@ class Method:
     def begin(self, config: TokenMergeConfig, generation: Any) -> None:
         """A call of a generation begins (methods with ``per_generation``)."""
 
+    def short_schedule(self, config: TokenMergeConfig, steps: int) -> str | None:
+        """What to say where a schedule of ``steps`` steps is too short for these options to act on any (None: it is
+        not; methods with ``per_generation``)."""
+        return None
+
+    def acting_steps(self, config: TokenMergeConfig, steps: int) -> list[int] | None:
+        """The steps (0-based) of a ``steps``-step generation it acts on, for ``describe(steps=N)`` (None: every
+        step the gate lets through)."""
+        return None
+
     def held(self, generations: Any) -> str:
         """What this thread's generations hold (methods with ``per_generation``), for ``describe()``."""
         return ""

@@ -13,8 +13,11 @@ self-attention takes its keys from a keyword (a UNet's ``attn1``), every token's
 fresh instead (exact).
 
 State belongs to one generation: a sequence of calls of one patched model in one thread (:class:`Generations`:
-classifier-free guidance's halves called apart have a slot each, a batch's samples their rows); a generation starts
-afresh when the noise level goes back up, or the grid, batch or dtype changes.
+classifier-free guidance's halves called apart have a slot each, a batch's samples their rows). Where the front end
+knows the generation (a diffusers pipeline's schedule, ComfyUI's sampling run, the webui's step count,
+:func:`tokenmerge.generation`) it begins and ends with it, whatever ends it (an exception, an interrupt); its last
+step records nothing and frees what was held. Elsewhere a generation starts afresh when a slot's noise level does not
+fall (a new generation), or the grid, batch or dtype changes, and at most :data:`MAX_SLOTS` are kept.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Generation:
     outputs: dict[tuple, torch.Tensor] = field(default_factory=dict)  # (block, span) -> (B, N, C')
     keys: dict[tuple, KeyValues] = field(default_factory=dict)  # (block, site) -> its keys, values, image start
     full: bool = True  # this call computes every token
+    final: bool = False  # this call is the last step of its generation's known schedule: nothing is recorded
     selections: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, k) this call's tokens
 
     @property
@@ -69,36 +73,66 @@ def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+# Slots a thread keeps (the calls made at one timestep: classifier-free guidance's halves called apart, a second-order
+# sampler's second evaluation): a call beyond them at the same timestep starts a new generation in the first slot, so
+# a loop of one-step generations that no front end scopes holds at most this many.
+MAX_SLOTS = 4
+
+
 class Generations:
     """A patch's generations in one thread: one per slot (the calls made at one timestep: classifier-free guidance's
-    conditional and unconditional halves called apart), started afresh when a call is noisier than the slot's last
-    one (a new generation: the noise level went back up) or has another batch, dtype or device."""
+    conditional and unconditional halves called apart). A slot starts afresh when its call's noise level does not fall
+    below the slot's last one (a new generation), or the call has another batch, dtype or device; a fresh first slot
+    drops the others (they belonged to the generation before). ``marker``: what identifies the generation where the
+    front end knows it (a pipeline's schedule, set anew by each of its calls): another marker starts afresh."""
 
     def __init__(self) -> None:
         self.slots: list[Generation] = []
         self.last: tuple[list[float] | None, int] = (None, -1)  # the last call's timestep and slot
+        self.marker: Any = None
 
-    def begin(self, timestep: list[float] | None, noise: float | None, key: tuple) -> Generation:
+    def begin(self, timestep: list[float] | None, noise: float | None, key: tuple, marker: Any = None) -> Generation:
+        if marker is not None and marker is not self.marker:
+            self.clear()
+            self.marker = marker
         last_t, last_slot = self.last
         slot = last_slot + 1 if timestep is not None and timestep == last_t else 0
+        if slot >= MAX_SLOTS:
+            slot = 0
         self.last = (timestep, slot)
         while len(self.slots) <= slot:
             self.slots.append(Generation(key))
         generation = self.slots[slot]
-        if generation.key != key or (noise is not None and generation.noise is not None and noise > generation.noise):
+        if generation.key != key or (noise is not None and generation.noise is not None and noise >= generation.noise):
+            if slot == 0:
+                del self.slots[1:]
             generation = self.slots[slot] = Generation(key)
         generation.noise = noise
         generation.selections = {}
         return generation
 
-    def begin_call(self, config: TokenMergeConfig, x: Any, timestep: torch.Tensor | None, noise: float | None) -> Generation:
-        """The generation a model call on ``x`` at ``timestep`` belongs to (one host read of the timestep), begun for
-        ``config``'s method: what every front end does at the start of a call."""
-        value = None if timestep is None else timestep.flatten().tolist()
+    def begin_call(
+        self, config: TokenMergeConfig, x: Any, timestep: list[float] | None, noise: float | None, marker: Any = None, final: bool = False
+    ) -> Generation:
+        """The generation a model call on ``x`` at ``timestep`` (its values, read once by the front end) belongs to,
+        begun for ``config``'s method: what every front end does at the start of a call. ``final``: the call is its
+        schedule's last step (nothing after it reads what it would record)."""
         key = (x.shape[0], x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else None
-        generation = self.begin(value, noise, key)
+        generation = self.begin(timestep, noise, key, marker)
+        generation.final = final
         config.method_of.begin(config, generation)
         return generation
+
+    def end(self, generation: Generation) -> None:
+        """``generation`` is over (its schedule's last step ran): what it holds is freed."""
+        for i, found in enumerate(self.slots):
+            if found is generation:
+                self.slots[i] = Generation(generation.key)
+
+    def clear(self) -> None:
+        """Every generation is over: what they hold is freed, the next call starts afresh."""
+        self.slots = []
+        self.last = (None, -1)
 
     @property
     def nbytes(self) -> int:
@@ -208,6 +242,13 @@ def _widen(mask: torch.Tensor, index: torch.Tensor, start: int, n: int) -> torch
     return torch.cat([mask[..., :start], full, mask[..., start + k :]], dim=-1)
 
 
+def cached_step(config: TokenMergeConfig, step: int) -> bool:
+    """Whether a generation's ``step`` (0-based) is a cached one: after the first ``full_steps``, all but every
+    ``refresh_every``-th."""
+    after = step - config.full_steps
+    return after >= 0 and after % config.refresh_every != 0
+
+
 def window_of(config: TokenMergeConfig) -> int:
     """Tokens per window: one of them recomputed per cached step."""
     return max(1, round(1 / config.recompute))
@@ -240,17 +281,18 @@ class TokenCache(Method):
         if generation.ran:
             generation.steps += 1
             generation.ran = False
-        after = generation.steps - config.full_steps
-        generation.full = after < 0 or after % config.refresh_every == 0 or not generation.outputs
+        generation.full = not cached_step(config, generation.steps) or not generation.outputs
 
     def act(self, config: TokenMergeConfig, facts: BlockFacts) -> BlockAction:
         generation: Generation = facts.generation
         grid = facts.grid
         if facts.tokens is None:  # describe(): what a cached step leaves out
             return BlockAction(merged=grid.numel - math.ceil(grid.numel / window_of(config)))
-        if generation is None:  # a call outside a generation (a compiled whole model): computed as it is
-            return idle("no generation")
+        if generation is None or torch.compiler.is_compiling():  # (compiled code: said once by the hooks)
+            return idle("no generation" if generation is None else "inside a compiled graph")
         generation.ran = True
+        if generation.full and generation.final:  # its schedule's last step: nothing would read what it records
+            return idle("the generation's last step, computed whole")
         whole = SelectSpan(generation, facts.block, None, grid.numel)
         if grid.shape not in generation.selections:  # the call's first block on this grid: choose its tokens
             generation.selections[grid.shape] = self._choose(config, generation, grid, facts.tokens().detach())
@@ -281,16 +323,33 @@ class TokenCache(Method):
         last.scatter_(1, at, x.gather(1, at))
         return selection
 
+    def acting_steps(self, config: TokenMergeConfig, steps: int) -> list[int]:
+        return [i for i in range(steps) if cached_step(config, i)]
+
+    def short_schedule(self, config: TokenMergeConfig, steps: int) -> str | None:
+        if self.acting_steps(config, steps):
+            return None
+        said = (
+            f"method='tokencache' computes the first full_steps={config.full_steps} step(s) of a generation fully, and one in "
+            f"every refresh_every={config.refresh_every} after them; this schedule has {steps} step(s), so none is cached "
+            "and the output is the unpatched model's"
+        )
+        if steps < 2:
+            return f"{said} (a one-step generation has no later step to reuse a cache)"
+        if config.refresh_every < 2:
+            return f"{said}: refresh_every >= 2 lets it act"
+        return f"{said}: full_steps={steps - 2} or less lets it act (tokenmerge.describe(pipe, steps=N, size=...) counts its steps)"
+
     def held(self, generations: Generations) -> str:
         used = [g for g in generations.slots if g.outputs]
         if not used:
-            return "nothing held yet in this thread (kept per generation after its first call, freed by remove_patch)"
+            return "nothing held in this thread (kept per generation from its first call to its end, or to remove_patch)"
         per_block = [n for g in used for block, n in g.block_bytes().items() if block is not None]
         blocks = len({block for g in used for block in g.block_bytes() if block is not None})
         total = sum(g.nbytes for g in used)
         return (
             f"{total / 2**20:.1f} MiB held in this thread ({len(used)} guidance slot(s), batch {used[0].key[0]}), "
-            f"{sum(per_block) / max(1, blocks) / 2**20:.2f} MiB per block on average; freed by remove_patch"
+            f"{sum(per_block) / max(1, blocks) / 2**20:.2f} MiB per block on average; freed when the generation ends or by remove_patch"
         )
 
     def on_shard(self, config: TokenMergeConfig, shard: Shard) -> str | None:
