@@ -132,7 +132,7 @@ def test_node_declares_its_inputs():
     }
     assert inputs["method"][0] == ["tome", "todo", "auto", "tokencache"]  # choices, not free text; the methods that run here
     # tokencache's options are optional inputs: a workflow saved before them loads with their defaults
-    assert set(TokenMergeNode.INPUT_TYPES()["optional"]) == {"recompute", "refresh_every", "full_steps"}
+    assert set(TokenMergeNode.INPUT_TYPES()["optional"]) == {"recompute", "refresh_every", "full_steps", "cache_dtype", "memory"}
 
 
 def test_token_grid_recovers_odd_sizes():

@@ -141,6 +141,7 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
         if found.blocks is not None:
             report["models"][name]["tome"] = _tome_blocks(comfy_dits, node, name, model, found, vanilla)
             report["models"][name]["tokencache"] = _tokencache_blocks(comfy_dits, node, name, model, found)
+    report["workflows"] = _tokencache_workflows(comfy_dits, node)
     report["threads_equal"] = _threads(comfy_dits, node)
     if "z-image" in models:
         report["threads_equal_wrapped"] = _threads(comfy_dits, node, "z-image", method="tome", ratio=0.5)
@@ -277,6 +278,102 @@ def _tokencache_blocks(comfy_dits, node, name: str, model, found) -> dict:
         "seen_cache": seen_cache,
         "calls_later": counter.calls,
         "unchanged_rel_l2": _cached_step_of_unchanged_input(comfy_dits, node, name, model),
+    }
+
+
+SAMPLERS = ("euler_ancestral", "dpmpp_2m_sde", "dpmpp_3m_sde", "heun", "dpm_2", "uni_pc", "lcm", "res_multistep")
+
+
+def _tokencache_workflows(comfy_dits, node, name: str = "flux", steps: int = 8) -> dict:
+    """The token cache as people chain it in ComfyUI (Flux.1, 8 steps): the samplers people use; a prompt cancelled
+    mid-run, then the same run; KSamplerAdvanced's split (steps 0-4 returning leftover noise, then 4-8 on another
+    model, as Wan 2.2's experts run); a batch of two; weights changed between prompts (a LoRA's patches); fp8 weight
+    storage (the loaders' ``weight_dtype``)."""
+    import comfy.model_management
+    import comfy.sample
+    import nodes
+    import torch
+
+    model = comfy_dits.build(name)
+    patched = node.patch(model, **CACHE)[0]
+    cache = patched.model_options["transformer_options"]["optimized_attention_override"]
+    positive, negative = comfy_dits.conditioning(name)
+
+    def run(m, sampler="euler", latent=None, **kwargs):
+        latent = latent or comfy_dits.latent(name)
+        with torch.inference_mode():
+            return nodes.common_ksampler(m, 0, steps, 2.0, sampler, "simple", positive, negative, latent, **kwargs)[0]["samples"]
+
+    samplers = {}
+    for sampler in SAMPLERS:
+        vanilla, first, again = run(model, sampler), run(patched, sampler), run(patched, sampler)
+        samplers[sampler] = {
+            "deterministic": bool(torch.equal(first, again)),
+            "rel_l2": comfy_dits.relative_l2(first, vanilla),
+            "finite": bool(torch.isfinite(first).all()),
+        }
+    alone = run(patched)
+
+    def cancel_at_step(step: int):
+        def callback(i, *args):
+            if i == step:
+                raise comfy.model_management.InterruptProcessingException()
+
+        return callback
+
+    x = comfy.sample.fix_empty_latent_channels(model, comfy_dits.latent(name)["samples"])
+    cancelled = False
+    try:
+        with torch.inference_mode():
+            comfy.sample.sample(
+                patched,
+                comfy.sample.prepare_noise(x, 0),
+                steps,
+                2.0,
+                "euler",
+                "simple",
+                positive,
+                negative,
+                x,
+                callback=cancel_at_step(5),
+                seed=0,
+            )
+    except comfy.model_management.InterruptProcessingException:
+        cancelled = getattr(cache._local, "generations", None) is None
+    after_cancel = run(patched)
+    other = node.patch(comfy_dits.build(name, seed=1), **CACHE)[0]
+    first_half = run(patched, start_step=0, last_step=4, force_full_denoise=False)
+    second_half = run(other, latent={"samples": first_half}, disable_noise=True, start_step=4, last_step=steps, force_full_denoise=True)
+    second_alone = run(
+        node.patch(comfy_dits.build(name, seed=1), **CACHE)[0],
+        latent={"samples": first_half},
+        disable_noise=True,
+        start_step=4,
+        last_step=steps,
+        force_full_denoise=True,
+    )
+    pair = run(patched, latent={"samples": torch.zeros(2, *comfy_dits.latent(name)["samples"].shape[1:])})
+    lora = patched.clone()
+    key = next(k for k in lora.model.state_dict() if k.endswith(".weight") and "double_blocks.0.img_attn.qkv" in k)
+    lora.add_patches({key: (0.05 * torch.ones_like(lora.model.state_dict()[key]),)}, 1.0)
+    run(patched)
+    changed = run(lora)
+    fresh = model.clone()
+    fresh.add_patches({key: (0.05 * torch.ones_like(fresh.model.state_dict()[key]),)}, 1.0)
+    changed_alone = run(node.patch(fresh, **CACHE)[0])
+    fp8 = comfy_dits.build(name, weight_dtype=torch.float8_e4m3fn)
+    fp8_vanilla, fp8_cached = run(fp8), run(node.patch(fp8, **CACHE)[0])
+    return {
+        "samplers": samplers,
+        "cancelled_and_freed": cancelled,
+        "after_cancel_equal": bool(torch.equal(after_cancel, alone)),
+        "split_equal": bool(torch.equal(second_half, second_alone)),
+        "split_rel_l2": comfy_dits.relative_l2(second_half, run(model)),
+        "batch_rel": comfy_dits.relative_l2(pair[:1], alone),
+        "weights_changed_equal": bool(torch.equal(changed, changed_alone)),
+        "weights_changed_differs": not bool(torch.equal(changed, alone)),
+        "fp8_rel_l2": comfy_dits.relative_l2(fp8_cached, fp8_vanilla),
+        "fp32_rel_l2": comfy_dits.relative_l2(alone, run(model)),
     }
 
 
@@ -542,6 +639,21 @@ def test_tokencache_runs_through_comfyuis_blocks_with_every_tokens_keys(comfyui,
     calls = found["calls_later"]
     step = len(calls) // STEPS
     assert all(q == k or k < image for q, k in calls[: 2 * step]) and any(k - q == image // 2 for q, k in calls[2 * step :])
+
+
+@each_version
+def test_tokencache_through_the_samplers_and_chains_people_use(comfyui):
+    """The samplers people use (ancestral, SDE, second-order, multistep, LCM) run deterministic and act; a cancelled
+    prompt frees its cache and the same run after it equals it alone; KSamplerAdvanced's second half on another model
+    equals that half alone; image 0 of a batch of two is the image made alone; weights changed between prompts (a LoRA)
+    give the run with those weights alone; fp8 weight storage stays as close to its vanilla as fp32 does."""
+    found = comfyui["workflows"]
+    for sampler, run in found["samplers"].items():
+        assert run["deterministic"] and run["finite"] and 1e-5 < run["rel_l2"] < 1.0, (sampler, run)
+    assert found["cancelled_and_freed"] and found["after_cancel_equal"]
+    assert found["split_equal"] and found["batch_rel"] < 1e-4
+    assert found["weights_changed_equal"] and found["weights_changed_differs"]
+    assert 1e-5 < found["fp8_rel_l2"] <= 2 * found["fp32_rel_l2"] + 0.02, found
 
 
 @each_version

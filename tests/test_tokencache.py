@@ -109,15 +109,15 @@ def test_a_cached_step_that_recomputes_every_token_equals_vanilla(name, monkeypa
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_caches_written_in_place_are_not_changed_by_the_blocks(name, monkeypatch):
-    """A cached step writes its recomputed rows into the caches in place and hands a span's caller the output cache
-    itself, the attention the cached keys and values: a block that added to them in place would poison the steps
-    after it. The outputs equal those of caches copied before they are handed on."""
+    """Kept exactly (``cache_dtype=None``), a cached step writes its recomputed rows into the caches in place and hands
+    a span's caller the output cache itself, the attention the cached keys and values: a block that added to them in
+    place would poison the steps after it. The outputs equal those of caches copied before they are handed on."""
     calls = generation(name)
 
     def patched_run() -> list[torch.Tensor]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with tokenmerge.patched(model_of(name), **OPTIONS):
+            with tokenmerge.patched(model_of(name), **OPTIONS, cache_dtype=None):
                 return run(name, calls)
 
     in_place = patched_run()
@@ -222,11 +222,52 @@ def test_threads_keep_their_own_generations():
         (dict(refresh_every=0), "refresh_every"),
         (dict(refresh_every=2.5), "refresh_every"),
         (dict(full_steps=-1), "full_steps"),
+        (dict(cache_dtype="int3"), "cache_dtype"),
+        (dict(cache_dtype=torch.float64), "cache_dtype"),
+        (dict(memory="tiny"), "memory"),
     ],
 )
 def test_bad_options_are_refused_by_name(options, named):
     with pytest.raises((ValueError, TypeError), match=named):
         tokenmerge.TokenMergeConfig(method="tokencache", **options)
+
+
+KEPT = [dict(cache_dtype=None), dict(cache_dtype="int8"), dict(cache_dtype="int4"), dict(cache_dtype="bfloat16")]
+KEPT += [dict(cache_dtype=torch.float16), dict(memory="low")]
+
+
+@pytest.mark.parametrize("kept", KEPT, ids=["exact", "int8", "int4", "bfloat16", "float16", "low"])
+def test_every_way_of_keeping_the_caches_acts_and_keeps_full_steps_exact(kept):
+    """Every way of keeping the caches: full steps bit-identical to vanilla, cached steps near the exact cache's (on
+    this 16-wide model, whose groups are 16 values: the casts within 10 % of the exact cache's own distance from
+    vanilla, int8 within 25 %, int4 and memory="low" within 3x), and the bytes held as the dtype says."""
+    calls = generation("flux")
+    vanilla = run("flux", calls)
+    with tokenmerge.patched(model_of("flux"), **OPTIONS, cache_dtype=None):
+        exact = run("flux", calls)
+    model = model_of("flux")
+    with tokenmerge.patched(model, **OPTIONS, **kept):
+        (patch,) = [s for _, s in tokenmerge.hooks.states_in([model])]
+        outputs = run("flux", calls[:-1])
+        held = patch.generations().slots[0]
+        outputs += run("flux", calls[-1:])
+    for i in FULL:
+        assert torch.equal(outputs[i], vanilla[i])
+    name = "int4" if kept.get("memory") == "low" else kept["cache_dtype"]
+    bound = {None: 0, "bfloat16": 0.1, torch.float16: 0.1, "int8": 0.25, "int4": 3}[name]
+    for i in CACHED:
+        assert relative(outputs[i], exact[i]) <= bound * relative(exact[i], vanilla[i]) + 1e-6
+        assert 0 < relative(outputs[i], vanilla[i]) < 0.3
+    found = sum(t.nbytes for t in [*held.outputs.values(), *(s for k, v, _ in held.keys.values() for s in (k, v))])
+    whole = sum(t.read(torch.float32).numel() * 4 for t in [*held.outputs.values(), *(s for k, v, _ in held.keys.values() for s in (k, v))])
+    expected = {None: 1, "bfloat16": 0.5, torch.float16: 0.5, "int8": 0.32, "int4": 0.19}[name]  # of float32 (keys: groups of 8)
+    assert found <= expected * whole
+
+
+def test_memory_low_keeps_the_cache_as_int4_and_refuses_another_cache_dtype():
+    assert tokenmerge.TokenMergeConfig(method="tokencache", memory="low").kept_as == "int4"
+    with pytest.raises(ValueError, match="memory='low' keeps the token cache as int4; cache_dtype='bfloat16'"):
+        tokenmerge.TokenMergeConfig(method="tokencache", memory="low", cache_dtype="bfloat16")
 
 
 def test_options_it_does_not_read_are_said(recwarn):
@@ -242,7 +283,8 @@ def test_describe_says_what_it_caches_and_how_much_it_holds():
         run("flux", generation("flux", calls=2))
         after = str(tokenmerge.describe(model, (8, 8)))
     assert "1 token in 4 recomputed (16 of 64, 8x8)" in before and "nothing held in this thread" in before
-    assert "MiB held in this thread (1 guidance slot(s), batch 2)" in after
+    assert "MiB held in this thread on cpu (1 guidance slot(s), batch 2): span outputs" in after
+    assert "MiB as int8, block inputs" in after
 
 
 def test_a_step_cache_skips_steps_without_advancing_or_poisoning_the_token_cache():

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 
 from ..algorithms import MergePlan, TokenGrid, downsample_tokens
-from ..config import DEFAULTS, KV_INTERPOLATIONS, TokenMergeConfig
+from ..algorithms.stores import CACHE_DTYPES
+from ..config import DEFAULTS, KV_INTERPOLATIONS, MEMORY, TokenMergeConfig
 from ..families import ldm
 from ..methods import IDLE, BlockFacts, methods_on
 from ..notices import warn_at_caller
@@ -393,13 +394,33 @@ class TokenMergeNode:
                     "INT",
                     {"default": d.full_steps, "min": 0, "max": 100, "tooltip": "method tokencache: the first steps computed fully"},
                 ),
+                "cache_dtype": (
+                    [*CACHE_DTYPES, "model"],
+                    {
+                        "default": "model" if d.cache_dtype is None else d.cache_dtype,
+                        "tooltip": "method tokencache: how cached outputs, keys and values are kept (int8: a scale per token and "
+                        "64 channels, about half of bf16's memory at the same quality on the reference models; model: exact)",
+                    },
+                ),
+                "memory": (
+                    list(MEMORY),
+                    {"default": d.memory, "tooltip": "method tokencache: low keeps no keys and values (the least memory)"},
+                ),
             },
         }
 
-    def patch(self, model: Any, max_downsample: str = "auto", max_noise: float = 0.0, **options: Any) -> tuple[Any]:
+    def patch(
+        self, model: Any, max_downsample: str = "auto", max_noise: float = 0.0, cache_dtype: str | None = None, **options: Any
+    ) -> tuple[Any]:
         if max_downsample not in MAX_DOWNSAMPLE_CHOICES:
             raise ValueError(f"max_downsample must be one of {', '.join(MAX_DOWNSAMPLE_CHOICES)}, got {max_downsample!r}")
         limit = None if max_noise == 0 else max_noise  # the widget's 0: the method's default
-        config = TokenMergeConfig(max_downsample=None if max_downsample == "auto" else int(max_downsample), max_noise=limit, **options)
+        config = TokenMergeConfig(
+            max_downsample=None if max_downsample == "auto" else int(max_downsample),
+            max_noise=limit,
+            # the widget's "model": the model's own dtype; not given (a workflow saved before it): the default
+            cache_dtype=DEFAULTS.cache_dtype if cache_dtype is None else None if cache_dtype == "model" else cache_dtype,
+            **options,
+        )
         config.warn_if_capped()
         return (patch_model(model, config),)

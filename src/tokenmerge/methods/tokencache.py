@@ -29,13 +29,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..algorithms import Shard, TokenGrid
+from ..algorithms.stores import RowStore, store
 from .base import BlockAction, BlockFacts, Method, idle
 
 if TYPE_CHECKING:
     from ..config import TokenMergeConfig
 
 
-KeyValues = tuple[torch.Tensor, torch.Tensor, int]  # an attention's (B, H, S, D) keys and values, where its image starts
+# An attention's (B, H, S, D) keys and values as kept: the whole sequence and where its image starts, or (kept in another
+# dtype than the model's) the image rows only, with None.
+KeyValues = tuple[RowStore, RowStore, int | None]
 
 
 @dataclass
@@ -48,11 +51,12 @@ class Generation:
     noise: float | None = None  # the last call's noise level
     steps: int = 0  # the calls of this generation whose blocks ran (a step a step cache skipped does not count)
     ran: bool = False  # a block of the current call acted
-    inputs: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, N, C)
-    outputs: dict[tuple, torch.Tensor] = field(default_factory=dict)  # (block, span) -> (B, N, C')
+    inputs: dict[tuple, RowStore] = field(default_factory=dict)  # grid shape -> (B, N, C)
+    outputs: dict[tuple, RowStore] = field(default_factory=dict)  # (block, span) -> (B, N, C')
     keys: dict[tuple, KeyValues] = field(default_factory=dict)  # (block, site) -> its keys, values, image start
     full: bool = True  # this call computes every token
     final: bool = False  # this call is the last step of its generation's known schedule: nothing is recorded
+    cache_dtype: str | None = None  # how its caches are kept (the option cache_dtype)
     selections: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, k) this call's tokens
 
     @property
@@ -61,16 +65,12 @@ class Generation:
 
     def block_bytes(self) -> dict[int | None, int]:
         """Bytes held per block (None: the recorded block inputs, one per grid)."""
-        held: dict[int | None, int] = {None: sum(_bytes(t) for t in self.inputs.values())}
+        held: dict[int | None, int] = {None: sum(t.nbytes for t in self.inputs.values())}
         for (block, _), t in self.outputs.items():
-            held[block] = held.get(block, 0) + _bytes(t)
+            held[block] = held.get(block, 0) + t.nbytes
         for (block, _), (k, v, _) in self.keys.items():
-            held[block] = held.get(block, 0) + _bytes(k) + _bytes(v)
+            held[block] = held.get(block, 0) + k.nbytes + v.nbytes
         return held
-
-
-def _bytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 # Slots a thread keeps (the calls made at one timestep: classifier-free guidance's halves called apart, a second-order
@@ -179,28 +179,51 @@ class SelectSpan:
     def scatter(self, y: torch.Tensor, span: int = 0) -> torch.Tensor:
         key = (self.block, span)
         if self.index is None:
-            self.generation.outputs[key] = y.detach().clone()
+            self.generation.outputs[key] = store(y, self.generation.cache_dtype)
             return y
         cache = self.generation.outputs[key]
-        if cache.dtype != y.dtype or not _writable(cache):
-            cache = self.generation.outputs[key] = cache.to(y.dtype, copy=True)
-        # written in place (a copy of every token per span and step otherwise): the caller reads the result before the
-        # next step writes into it again, and no block adds to a span's output in place
-        return cache.scatter_(1, self._expand(y), y.detach())
+        cache.thaw()
+        # kept exactly, written in place (a copy of every token per span and step otherwise): the caller reads the
+        # result before the next step writes into it again, and no block adds to a span's output in place
+        return cache.with_rows(1, self._expand(y), y)
 
     def fill_keys(self, site: int, key: torch.Tensor, value: torch.Tensor, mask: Any, start: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """(B, H, S', D) keys and values of an attention of the span, with every image token's: the gathered tokens'
-        fresh, the others' kept from their last computation (recorded whole on a full step); a mask over the gathered
-        keys widened to every key (the others attended). The cache holds the attention's whole key and value sequence
-        (text too): a cached step writes its fresh rows into it in place and hands it to the attention, instead of
-        copying every image token's keys twice (a scatter, a concatenation)."""
-        cache = (self.block, site)
+        fresh, the others' kept from their last computation (recorded on a full step); a mask over the gathered keys
+        widened to every key (the others attended). Kept exactly, the cache holds the attention's whole key and value
+        sequence (text too): a cached step writes its fresh rows into it in place and hands it to the attention, instead
+        of copying every image token's keys twice (a scatter, a concatenation); kept in another dtype, it holds the
+        image rows only, read back around the fresh text."""
+        cache, n = (self.block, site), self.n
         if self.index is None:
-            # a clone keeps the strides of a view (B, H, S, D) of a (B, S, H, D) tensor: the caller's layout is kept
-            self.generation.keys[cache] = (key.detach().clone(), value.detach().clone(), start)
+            dtype = self.generation.cache_dtype
+            if dtype is None or getattr(torch, dtype) == key.dtype:
+                self.generation.keys[cache] = (RowStore(key), RowStore(value), start)
+            else:
+                image = [store(t[:, :, start : start + n], dtype) for t in (key, value)]
+                self.generation.keys[cache] = (*image, None)
             return key, value, mask
-        k, n = self.index.shape[1], self.n
+        k = self.index.shape[1]
         *kept, was = self.generation.keys[cache]
+        at = self.index[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
+        if was is None:
+            for held in kept:
+                held.thaw()
+            full = [
+                torch.cat([t[:, :, :start], held.with_rows(2, at, t[:, :, start : start + k]), t[:, :, start + k :]], dim=2)
+                for t, held in zip((key, value), kept)
+            ]
+        else:
+            full = self._fill_exact(cache, key, value, start, [held.data for held in kept], was)
+        if isinstance(mask, torch.Tensor) and mask.shape[-1] == key.shape[2]:
+            mask = _widen(mask, self.index, start, n)
+        return full[0], full[1], mask
+
+    def _fill_exact(
+        self, cache: tuple, key: torch.Tensor, value: torch.Tensor, start: int, kept: list[torch.Tensor], was: int
+    ) -> list[torch.Tensor]:
+        """The whole-sequence key and value caches with this step's fresh rows written in place."""
+        k, n = self.index.shape[1], self.n
         at = self.index[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
         length = (*key.shape[:2], key.shape[2] - k + n, key.shape[3])
         if kept[0].shape != length or was != start or kept[0].dtype != key.dtype or not _writable(kept[0]):
@@ -209,17 +232,21 @@ class SelectSpan:
                 torch.cat([t[:, :, :start], c[:, :, was : was + n].to(t.dtype), t[:, :, start + k :]], dim=2)
                 for t, c in zip((key, value), kept)
             ]
-            self.generation.keys[cache] = (*kept, start)
+            self.generation.keys[cache] = (RowStore(kept[0], copy=False), RowStore(kept[1], copy=False), start)
         for fresh, full in zip((key, value), kept):
             full[:, :, :start] = fresh[:, :, :start]
             full[:, :, start + n :] = fresh[:, :, start + k :]
             full[:, :, start : start + n].scatter_(2, at, fresh[:, :, start : start + k].detach())
-        if isinstance(mask, torch.Tensor) and mask.shape[-1] == key.shape[2]:
-            mask = _widen(mask, self.index, start, n)
-        return kept[0], kept[1], mask
+        return kept
 
     def rows(self, start: int, stop: int) -> SelectSpan | None:
         return self if self.index is None else None  # (its caches hold the whole batch: not a chunk of it)
+
+
+def _input_dtype(cache_dtype: str | None) -> str | None:
+    """How the block inputs that changes are measured against are kept (one per grid, not per block): as they are,
+    int8 where the caches are int4 (a change is a difference of a few percent, which int4's steps would hide)."""
+    return "int8" if cache_dtype == "int4" else None
 
 
 def _writable(t: torch.Tensor) -> bool:
@@ -265,7 +292,7 @@ def select(change: torch.Tensor, window: int) -> torch.Tensor:
 
 class TokenCache(Method):
     name = "tokencache"
-    reads = ("recompute", "refresh_every", "full_steps")
+    reads = ("recompute", "refresh_every", "full_steps", "cache_dtype", "memory")
     routes = ("diffusers", "ldm", "webui", "comfyui-blocks")
     merges = True  # its spans gather tokens: a step cache's deciding block runs whole
     every_span = True  # attention, cross-attention and MLP are cached alike (merge_* options do not apply)
@@ -278,6 +305,7 @@ class TokenCache(Method):
     def begin(self, config: TokenMergeConfig, generation: Generation) -> None:
         """A call of the generation begins: is it a full step? (The step count advances past the calls whose blocks
         ran: a step that a step cache skipped neither advances nor records anything.)"""
+        generation.cache_dtype = config.kept_as
         if generation.ran:
             generation.steps += 1
             generation.ran = False
@@ -313,14 +341,14 @@ class TokenCache(Method):
         step did not see), the input recorded."""
         last = generation.inputs.get(grid.shape)
         if generation.full or last is None or last.shape != x.shape:
-            generation.inputs[grid.shape] = x.clone()
+            generation.inputs[grid.shape] = store(x, _input_dtype(generation.cache_dtype))
             return None
-        if not _writable(last):
-            last = generation.inputs[grid.shape] = last.clone()
-        change = (x - last).float().norm(dim=-1) / last.float().norm(dim=-1).clamp_min(1e-6)
+        last.thaw()
+        before = last.read(x.dtype)
+        change = (x - before).float().norm(dim=-1) / before.float().norm(dim=-1).clamp_min(1e-6)
         selection = select(change, window_of(config))
         at = selection[..., None].expand(-1, -1, x.shape[-1])
-        last.scatter_(1, at, x.gather(1, at))
+        last.write(1, at, x.gather(1, at))
         return selection
 
     def acting_steps(self, config: TokenMergeConfig, steps: int) -> list[int]:
@@ -347,9 +375,16 @@ class TokenCache(Method):
         per_block = [n for g in used for block, n in g.block_bytes().items() if block is not None]
         blocks = len({block for g in used for block in g.block_bytes() if block is not None})
         total = sum(g.nbytes for g in used)
+        mib = 2**20
+        outputs = sum(t.nbytes for g in used for t in g.outputs.values()) / mib
+        keys = sum(k.nbytes + v.nbytes for g in used for k, v, _ in g.keys.values()) / mib
+        inputs = total / mib - outputs - keys
+        device = next(iter(used[0].outputs.values())).device
+        kept = used[0].cache_dtype or "the model's dtype"
         return (
-            f"{total / 2**20:.1f} MiB held in this thread ({len(used)} guidance slot(s), batch {used[0].key[0]}), "
-            f"{sum(per_block) / max(1, blocks) / 2**20:.2f} MiB per block on average; freed when the generation ends or by remove_patch"
+            f"{total / mib:.1f} MiB held in this thread on {device} ({len(used)} guidance slot(s), batch {used[0].key[0]}): "
+            f"span outputs {outputs:.1f} MiB and keys and values {keys:.1f} MiB as {kept}, block inputs {inputs:.1f} MiB; "
+            f"{sum(per_block) / max(1, blocks) / mib:.2f} MiB per block on average; freed when the generation ends or by remove_patch"
         )
 
     def on_shard(self, config: TokenMergeConfig, shard: Shard) -> str | None:

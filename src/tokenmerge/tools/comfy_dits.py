@@ -39,11 +39,12 @@ def _later_fields(example: ComfyExample) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if k in declared}
 
 
-def build(name: str, seed: int = 0, blocks: int | None = None) -> Any:
+def build(name: str, seed: int = 0, blocks: int | None = None, weight_dtype: torch.dtype | None = None) -> Any:
     """A ComfyUI ``ModelPatcher`` around the family ``name``'s model (:class:`ComfyExample`), seeded random weights
     (ComfyUI's layers come uninitialised; output layers included, so that a comparison cannot pass trivially): tiny,
     or (``blocks``) at its published width with its first ``blocks`` blocks (Flux.1: as many double- and twice as many
-    single-stream)."""
+    single-stream); ``weight_dtype``: its weights stored so and cast at each layer, as ComfyUI's loaders'
+    ``weight_dtype`` (fp8) does."""
     import comfy.model_patcher
     import comfy.supported_models
 
@@ -55,7 +56,7 @@ def build(name: str, seed: int = 0, blocks: int | None = None) -> Any:
             raise ValueError(f"--comfyui at full width: model must be one of {', '.join(with_full)}, got {name!r}")
         unet_config.update(found.full, **{key: blocks * per for key, per in found.blocks.items()})
     model_config = getattr(comfy.supported_models, found.supported)(unet_config)
-    model_config.set_inference_dtype(torch.float32, None)
+    model_config.set_inference_dtype(weight_dtype or torch.float32, torch.float32 if weight_dtype is not None else None)
     model = model_config.get_model({}, device=torch.device("cpu"))
     reinit_all(model, seed)
     cpu = torch.device("cpu")
