@@ -541,7 +541,37 @@ def build_parser() -> argparse.ArgumentParser:
     frontier.add_argument("--out", required=True, metavar="PNG")
     frontier.add_argument("--label", nargs="*", default=[], metavar="CONFIG", help="configurations named on the plot (e.g. tome:0.5)")
     frontier.set_defaults(func=_frontier)
+    gpu = commands.add_parser(
+        "gpu-run",
+        help="the prepared GPU run: Flux.1 and Wan 2.1 1.3B at published widths, 28 steps, vanilla / ToMe / the token cache, "
+        "eager and compiled: seconds, peak memory, syncs per step, as JSON",
+        description="Random weights, bfloat16, SDPA, one GPU (at most about 8 minutes on an H100); --tiny: the same on the "
+        "CPU at tiny sizes.",
+    )
+    gpu.add_argument("--out", required=True, metavar="JSON")
+    gpu.add_argument("--models", nargs="+", default=["flux", "wan"], choices=["flux", "wan"])
+    gpu.add_argument("--variants", nargs="+", default=None, metavar="VARIANT", help="of: vanilla, tome:0.5, tokencache, ... (default all)")
+    gpu.add_argument("--steps", type=int, default=28)
+    gpu.add_argument("--eager-only", action="store_true", help="skip the compiled runs")
+    gpu.add_argument("--tiny", action="store_true", help="tiny configs and sizes on the CPU (a check of the command)")
+    gpu.set_defaults(func=_gpu_run)
     return parser
+
+
+def _gpu_run(args: argparse.Namespace) -> int:
+    from .gpu_run import VARIANTS, run, write
+
+    variants = tuple(args.variants or VARIANTS)
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants must be of {', '.join(VARIANTS)}; got {', '.join(unknown)}")
+    compiled = (False,) if args.eager_only else (False, True)
+    found = write(run(tuple(args.models), variants, args.steps, args.tiny, compiled), args.out)
+    for row in found["rows"]:
+        memory = "" if row["peak_bytes"] is None else f", peak +{row['peak_bytes'] / 2**30:.2f} GiB, {row['syncs_per_step']:.1f} syncs/step"
+        print(f"{row['model']:5} {row['variant']:22} {'compiled' if row['compiled'] else 'eager':8} {row['seconds']:8.2f} s{memory}")
+    print(f"wrote {args.out} ({found['device']})")
+    return 0
 
 
 def _reference_commands(commands: Any) -> None:
