@@ -67,7 +67,9 @@ def generation(model: torch.nn.Module, name: str, inputs: dict[str, Any], steps:
     return flow_loop(model, name, inputs, Clock(steps))
 
 
-def measure(model: torch.nn.Module, name: str, inputs: dict[str, Any], steps: int, device: torch.device) -> tuple[float, int | None, float | None, list[str]]:
+def measure(
+    model: torch.nn.Module, name: str, inputs: dict[str, Any], steps: int, device: torch.device
+) -> tuple[float, int | None, float | None, list[str]]:
     """One timed generation: seconds, peak bytes beyond what was allocated before it, syncs per step, notices."""
     cuda = device.type == "cuda"
     if cuda:
@@ -108,7 +110,10 @@ def run(
         model = build(name, tiny, device, dtype)
         height, width, frames = (TINY if tiny else SIZES)[name]
         extra = {} if frames is None else {"frames": frames}
-        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in transformer_inputs(model, name, height, width, batch=1, **extra).items()}
+        inputs = {
+            k: v.to(device) if isinstance(v, torch.Tensor) else v
+            for k, v in transformer_inputs(model, name, height, width, batch=1, **extra).items()
+        }
         for compile_blocks in compiled:
             for variant in variants:
                 rows.append(_variant(model, name, inputs, variant, compile_blocks, steps, tiny, device))
@@ -119,7 +124,14 @@ def run(
 
 
 def _variant(
-    model: torch.nn.Module, name: str, inputs: dict[str, Any], variant: str, compile_blocks: bool, steps: int, tiny: bool, device: torch.device
+    model: torch.nn.Module,
+    name: str,
+    inputs: dict[str, Any],
+    variant: str,
+    compile_blocks: bool,
+    steps: int,
+    tiny: bool,
+    device: torch.device,
 ) -> Row:
     """One variant: patched, then its blocks compiled (a graph compiled before a patch ignores it), a warm-up
     generation (2 steps; compiled, a whole one: every graph it needs), one timed generation; then unpatched and
