@@ -239,7 +239,10 @@ def _tome_blocks(comfy_dits, node, name: str, model, found, vanilla) -> dict:
     }
 
 
-STEPS, CACHE = 6, dict(method="tokencache", recompute=0.5, full_steps=1, refresh_every=10)  # steps 1-2 full, 3-6 cached
+STEPS = 6
+# steps 1-2 full, 3-6 cached; kept exactly (the node's "model"), so that a cached step on unchanged inputs can equal the
+# full step to rounding (the workflows below keep the default, int8)
+CACHE = dict(method="tokencache", recompute=0.5, full_steps=1, refresh_every=10, cache_dtype="model")
 
 
 def _tokencache_blocks(comfy_dits, node, name: str, model, found) -> dict:
@@ -294,8 +297,9 @@ def _tokencache_workflows(comfy_dits, node, name: str = "flux", steps: int = 8) 
     import nodes
     import torch
 
+    options = {**CACHE, "cache_dtype": "int8"}  # the default, as people run it
     model = comfy_dits.build(name)
-    patched = node.patch(model, **CACHE)[0]
+    patched = node.patch(model, **options)[0]
     cache = patched.model_options["transformer_options"]["optimized_attention_override"]
     positive, negative = comfy_dits.conditioning(name)
 
@@ -341,11 +345,11 @@ def _tokencache_workflows(comfy_dits, node, name: str = "flux", steps: int = 8) 
     except comfy.model_management.InterruptProcessingException:
         cancelled = getattr(cache._local, "generations", None) is None
     after_cancel = run(patched)
-    other = node.patch(comfy_dits.build(name, seed=1), **CACHE)[0]
+    other = node.patch(comfy_dits.build(name, seed=1), **options)[0]
     first_half = run(patched, start_step=0, last_step=4, force_full_denoise=False)
     second_half = run(other, latent={"samples": first_half}, disable_noise=True, start_step=4, last_step=steps, force_full_denoise=True)
     second_alone = run(
-        node.patch(comfy_dits.build(name, seed=1), **CACHE)[0],
+        node.patch(comfy_dits.build(name, seed=1), **options)[0],
         latent={"samples": first_half},
         disable_noise=True,
         start_step=4,
@@ -360,9 +364,9 @@ def _tokencache_workflows(comfy_dits, node, name: str = "flux", steps: int = 8) 
     changed = run(lora)
     fresh = model.clone()
     fresh.add_patches({key: (0.05 * torch.ones_like(fresh.model.state_dict()[key]),)}, 1.0)
-    changed_alone = run(node.patch(fresh, **CACHE)[0])
+    changed_alone = run(node.patch(fresh, **options)[0])
     fp8 = comfy_dits.build(name, weight_dtype=torch.float8_e4m3fn)
-    fp8_vanilla, fp8_cached = run(fp8), run(node.patch(fp8, **CACHE)[0])
+    fp8_vanilla, fp8_cached = run(fp8), run(node.patch(fp8, **options)[0])
     return {
         "samplers": samplers,
         "cancelled_and_freed": cancelled,
