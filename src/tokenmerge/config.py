@@ -127,11 +127,12 @@ class TokenMergeConfig:
       Defaults 0.1 / 6 / 3, from the reference models' frontier (docs/tokencache.md): on the transformers 2.8x less
       work than vanilla at 10-12 dB above ToMe r=0.5.
     - cache_dtype: how method tokencache keeps its cached outputs, keys and values: ``"int8"`` (default: a scale per
-      token and group of 64 channels, a little over half of bfloat16's bytes), ``"bfloat16"``, ``"float16"``,
-      ``"float32"`` (or those torch dtypes), or ``None``: the model's own dtype, exact (docs/tokencache.md#memory).
+      token and group of 64 channels, a little over half of bfloat16's bytes), ``"int4"``, ``"bfloat16"``,
+      ``"float16"``, ``"float32"`` (or those torch dtypes), or ``None``: the model's own dtype, exact
+      (docs/tokencache.md#memory).
     - memory: method tokencache's memory setting: ``"default"`` (``cache_dtype``), or ``"low"``: every cache as int4
       (a scale per token and 128 channels), the block inputs it measures changes against as int8; about a quarter of
-      the memory of caches kept in bfloat16, 0.8 dB below int8 on the reference models.
+      the memory of caches kept in bfloat16, 0.7-1.1 dB below int8 on the reference models.
     - max_noise: reduce only in the denoising steps whose noise level is at most this (the timestep as a fraction
       of the model's range: 1 = pure noise, 0 = clean); the noisier steps run unchanged. ``None`` (default) is the
       method's own: 0.4 for ``auto`` (:data:`AUTO_MAX_NOISE`), 1 (every step, as tomesd) for ``tome`` and ``todo``.

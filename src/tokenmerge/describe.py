@@ -163,12 +163,8 @@ def _steps(pipe: Any, component: str, config: TokenMergeConfig, steps: int, grid
         above = f"before the last {config.few_step_share:.0%} of a few-step schedule (at most {FEW_STEPS} steps)"
     if not reduced:
         return f"{share}reduces 0 of {len(runs)}: all {above}"
-    return f"{share}reduces {len(reduced)} of {len(runs)} ({_which(reduced)}); the others are {above}"
-
-
-def _which(steps: list[int]) -> str:
-    """'step 3' or 'steps 3-9' (1-based, first to last)."""
-    return f"step {steps[0] + 1}" if len(steps) == 1 else f"steps {steps[0] + 1}-{steps[-1] + 1}" if steps else ""
+    which = f"step {reduced[0] + 1}" if len(reduced) == 1 else f"steps {reduced[0] + 1}-{reduced[-1] + 1}"
+    return f"{share}reduces {len(reduced)} of {len(runs)} ({which}); the others are {above}"
 
 
 def _describe(patch: PatchState, grid: TokenGrid | None, component: str, steps: str) -> DenoiserDescription:

@@ -106,9 +106,9 @@ class Int8Store(RowStore):
 
     def write(self, dim: int, index: torch.Tensor, rows: torch.Tensor) -> None:
         if dim % self.values.ndim == self.values.ndim - 1:
-            raise ValueError("an Int8Store keeps rows along an axis other than its last (the grouped one)")
+            raise ValueError(f"an {type(self).__name__} keeps rows along an axis other than its last (the grouped one)")
         values, scales = self._quantise(rows)  # (the index is constant along the last axis: its first columns serve)
-        self.values.scatter_(dim, index, values)
+        self.values.scatter_(dim, index[..., : values.shape[-1]], values)
         self.scales.scatter_(dim, index[..., : scales.shape[-1]], scales)
 
     def read(self, dtype: torch.dtype) -> torch.Tensor:
@@ -129,13 +129,6 @@ class Int4Store(Int8Store):
 
     def _unpack(self, values: torch.Tensor) -> torch.Tensor:
         return torch.stack([values & 15, values >> 4], dim=-1).flatten(-2).to(torch.int8) - 8
-
-    def write(self, dim: int, index: torch.Tensor, rows: torch.Tensor) -> None:
-        if dim % self.values.ndim == self.values.ndim - 1:
-            raise ValueError("an Int4Store keeps rows along an axis other than its last (the grouped one)")
-        values, scales = self._quantise(rows)
-        self.values.scatter_(dim, index[..., : values.shape[-1]], values)
-        self.scales.scatter_(dim, index[..., : scales.shape[-1]], scales)
 
 
 def store(x: torch.Tensor, cache_dtype: str | None) -> RowStore:

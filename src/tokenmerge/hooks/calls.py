@@ -130,20 +130,13 @@ class BeginCall:
         not fall or the batch, dtype or device changes."""
         noise = None if values is None else noise_level(values, self.scale)
         schedule = self.patch.schedule()
-        marker, final = None, False
-        if schedule is not None and noise is not None and (position := position_in(schedule[1], noise)) is not None:
-            marker, final = schedule[0], position.index == position.total - 1
-        generation = self.patch.generations().begin_call(config, x, values, noise, marker, final)
-        self._notice_short(config, schedule, noise)
-        return generation
-
-    def _notice_short(self, config: TokenMergeConfig, schedule: tuple[Any, list[float]] | None, noise: float | None) -> None:
-        """A schedule too short for the method to act on any of its steps is said once per patch."""
-        if schedule is None or noise is None or position_in(schedule[1], noise) is None:
-            return
-        message = config.method_of.short_schedule(config, len(schedule[1]))
+        position = position_in(schedule[1], noise) if schedule is not None and noise is not None else None
+        if position is None:
+            return self.patch.generations().begin_call(config, x, values, noise)
+        message = config.method_of.short_schedule(config, position.total)  # a schedule too short to act on: said once
         if message is not None:
             self.patch.notice("short schedule", message)
+        return self.patch.generations().begin_call(config, x, values, noise, schedule[0], position.index == position.total - 1)
 
     def _notice_extrapolation(self) -> None:
         """A step cache forecasting its residuals under tome is said once: it runs, but loses more than either alone."""

@@ -214,17 +214,16 @@ class SelectSpan:
                 for t, held in zip((key, value), kept)
             ]
         else:
-            full = self._fill_exact(cache, key, value, start, [held.data for held in kept], was)
+            full = self._fill_exact(cache, key, value, start, at, [held.data for held in kept], was)
         if isinstance(mask, torch.Tensor) and mask.shape[-1] == key.shape[2]:
             mask = _widen(mask, self.index, start, n)
         return full[0], full[1], mask
 
     def _fill_exact(
-        self, cache: tuple, key: torch.Tensor, value: torch.Tensor, start: int, kept: list[torch.Tensor], was: int
+        self, cache: tuple, key: torch.Tensor, value: torch.Tensor, start: int, at: torch.Tensor, kept: list[torch.Tensor], was: int
     ) -> list[torch.Tensor]:
-        """The whole-sequence key and value caches with this step's fresh rows written in place."""
+        """The whole-sequence key and value caches with this step's fresh rows (at ``at``) written in place."""
         k, n = self.index.shape[1], self.n
-        at = self.index[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
         length = (*key.shape[:2], key.shape[2] - k + n, key.shape[3])
         if kept[0].shape != length or was != start or kept[0].dtype != key.dtype or not _writable(kept[0]):
             # another text length or dtype than the full step's: only its image keys can be kept, in a new buffer
