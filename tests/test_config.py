@@ -28,7 +28,7 @@ from conftest import sd_inputs
         (dict(max_downsample=3), ValueError, "max_downsample must be None .* power of two"),
         (dict(max_downsample=0), ValueError, "max_downsample must be None .* power of two"),
         (dict(use_rand="yes"), TypeError, "use_rand must be True or False"),
-        (dict(merge_mlp=1), TypeError, "merge_mlp must be True or False"),
+        (dict(merge_mlp=1), TypeError, "merge_mlp must be None or True or False"),
         (dict(seed=1.5), TypeError, "seed must be None or an int"),
     ],
 )

@@ -1,5 +1,5 @@
-"""tokenmerge under diffusers' context parallelism: two real ``gloo`` ranks per test (Ulysses), and the per-shard
-logic of ring attention (which no CPU backend of diffusers runs: it needs the log-sum-exp) checked directly."""
+"""tokenmerge under diffusers' context parallelism: two real ``gloo`` ranks per test (Ulysses, and ring with torch's CPU
+flash attention giving the log-sum-exp diffusers' ring merges by), and the per-shard logic checked directly."""
 
 from __future__ import annotations
 
@@ -78,20 +78,117 @@ def test_ulysses_anything_splits_mid_row_and_key_value_downsampling_still_equals
     assert tome["rel_l2_vanilla"] < 1e-5 and "not a band of whole rows or frames" in tome["warnings"][0]
 
 
+# The token cache over a generation of 5 Euler steps, its 5th cached. Windows of 8 tokens: each rank's part (128 image
+# tokens of Flux.1's 256, 512 of Wan's 1024) a whole number of them; windows of 10 (the default): cut by the boundary.
+CACHE = "tokencache,full_steps=3,refresh_every=9,recompute=0.125"
+CACHE_CUT = "tokencache,full_steps=3,refresh_every=9"
+STEPS = 5
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=[f[0] for f in FAMILIES])
+def cached(request) -> tuple[str, dict]:
+    name, h, w, frames = request.param
+    orders = (False, True) if name in ("flux", "wan") else (False,)
+    result = run_ranks(compare_family, name, h, w, (CACHE, CACHE_CUT), frames, orders, 0, True, None, None, "diffusers", STEPS, timeout=300)
+    return name, _rows(result)
+
+
+def test_token_cache_under_ulysses_is_one_process_where_the_windows_fit_the_parts(cached):
+    # Each rank caches its own tokens' outputs and keys/values and chooses among its own tokens; where its part is a
+    # whole number of windows, it chooses what one process chooses, and its cached queries attend to every key.
+    name, rows = cached
+    for (spec, patch_first), row in rows.items():
+        if spec != CACHE:
+            continue
+        assert row["rel_l2_single"] < 1e-5, (name, patch_first, row["rel_l2_single"])
+        assert row["rel_l2_vanilla"] > 1e-4 and row["warnings"] == []  # it acted, nothing said
+        vanilla = rows[("vanilla", patch_first)]["step_bytes"]
+        assert row["step_bytes"][:-1] == vanilla[:-1]  # full steps exchange what vanilla does
+        assert row["step_bytes"][-1] < 0.9 * vanilla[-1]  # the cached step: the recomputed queries and outputs only
+
+
+def test_token_cache_windows_cut_by_a_rank_boundary_add_tokens_not_change_them(cached):
+    # Windows of 10 over parts of 128 or 512 tokens: each rank chooses in the whole grid's windows, so it recomputes
+    # every token one process recomputes, and one more per window the boundary cuts (and a top-up to equal counts):
+    # the output is as close to vanilla as one process's, or closer, and near it (documented in docs/parallel.md).
+    name, rows = cached
+    row = rows[(CACHE_CUT, False)]
+    assert row["warnings"] == [] and row["rel_l2_vanilla"] > 1e-4
+    assert row["rel_l2_vanilla"] <= 1.01 * row["single_vanilla"], name
+    assert row["rel_l2_single"] < 0.5 * row["single_vanilla"], (name, row["rel_l2_single"], row["single_vanilla"])
+
+
+@pytest.mark.parametrize(("name", "frames"), [("flux", None), ("wan", 4)])
+def test_ring_attention_runs_key_value_downsampling_and_the_token_cache_as_one_process(name, frames):
+    # diffusers' own ring attention (all-gathered keys/values, partial results merged by their log-sum-exp) on
+    # two gloo ranks: todo's reduced keys and the token cache's filled keys are each rank's own, of equal length.
+    ring = {"ring_degree": 2}
+    rows = _rows(
+        run_ranks(
+            compare_family,
+            name,
+            32,
+            32,
+            ("todo:2", CACHE, "tome:0.5"),
+            frames,
+            (False,),
+            0,
+            True,
+            None,
+            ring,
+            "diffusers",
+            STEPS,
+            timeout=300,
+        )
+    )
+    assert rows[("vanilla", False)]["rel_l2_single"] < 1e-5
+    for spec in ("todo:2", CACHE):
+        row = rows[(spec, False)]
+        assert row["rel_l2_single"] < 1e-5 and row["rel_l2_vanilla"] > 1e-4 and row["warnings"] == [], (spec, row)
+    assert rows[("todo:2", False)]["bytes"] < 0.9 * rows[("vanilla", False)]["bytes"]  # fewer keys go round the ring
+    tome = rows[("tome:0.5", False)]
+    assert tome["rel_l2_vanilla"] < 1e-5 and any("under ring attention is not supported" in w for w in tome["warnings"])
+
+
+def test_token_cache_under_ulysses_anything_mid_row():
+    # 15 rows of 16 over 2 ranks (the second part starting mid-row): the cache acts on each rank's own tokens.
+    anything = {"ulysses_degree": 2, "ulysses_anything": True}
+    rows = _rows(
+        run_ranks(compare_family, "flux", 30, 32, (CACHE,), None, (False,), 0, True, None, anything, "diffusers", STEPS, timeout=300)
+    )
+    row = rows[(CACHE, False)]
+    assert row["rel_l2_single"] < 1e-5 and row["rel_l2_vanilla"] > 1e-4 and row["warnings"] == []
+
+
 @pytest.mark.parametrize(("name", "frames"), [("flux", None), ("wan", 4)])
 def test_cache_dits_own_context_parallel_engine(name, frames):
     # cache-dit splits the sequence with hooks of its own and writes its attention functions over diffusers'
     # registry (Flux.1), or replaces the attention processor with one calling its own dispatcher (Wan); tokenmerge
     # reads its split alike and wraps the functions of both registries, patched before or after.
     pytest.importorskip("cache_dit")
+    # A generation of STEPS calls, so that the token cache acts too (per-rank caches, as under diffusers' engine).
     result = run_ranks(
-        compare_family, name, 32, 32, ("todo:2", "tome:0.5"), frames, (False, True), 0, True, None, None, "cache-dit", timeout=300
+        compare_family,
+        name,
+        32,
+        32,
+        ("todo:2", CACHE, "tome:0.5"),
+        frames,
+        (False, True),
+        0,
+        True,
+        None,
+        None,
+        "cache-dit",
+        STEPS,
+        timeout=300,
     )
     rows = _rows(result)
     for patch_first in (False, True):
         assert rows[("vanilla", patch_first)]["rel_l2_single"] < 1e-5
-        todo = rows[("todo:2", patch_first)]
-        assert todo["rel_l2_single"] < 1e-5 and todo["rel_l2_vanilla"] > 1e-4 and todo["warnings"] == []
+        for spec in ("todo:2", CACHE):
+            row = rows[(spec, patch_first)]
+            assert row["rel_l2_single"] < 1e-5 and row["rel_l2_vanilla"] > 1e-4 and row["warnings"] == [], (spec, patch_first)
         assert rows[("tome:0.5", patch_first)]["rel_l2_vanilla"] > 1e-4
 
 
@@ -150,6 +247,26 @@ def test_unequal_shares_are_topped_up_to_equal_lengths():
     assert kept[0][0].numel() == kept[1][0].numel() == max(counts)
     for (keep, _), p in zip(kept, parts):
         assert keep.unique().numel() == keep.numel() and int(keep.max()) < p.shard.length
+
+
+def test_each_rank_chooses_what_one_process_chooses_in_its_part_plus_the_cut_windows():
+    from tokenmerge.methods.tokencache import select
+
+    torch.manual_seed(0)
+    for total, world, window, uneven in ((256, 2, 10, False), (240, 2, 8, True), (300, 3, 7, False), (225, 2, 10, True)):
+        grid = TokenGrid((total,), ("tokens",))
+        change = torch.rand(2, total)
+        whole = select(change, window)
+        parts = [shard_layout(TokenLayout.image_only(grid), r, world, text_split=False, uneven=uneven).shard for r in range(world)]
+        chosen = [select(change[:, p.start : p.start + p.length], window, *p.windows(window)) + p.start for p in parts]
+        assert len({c.shape[1] for c in chosen}) == 1  # the same count on every rank
+        for sample in range(2):
+            mine = set(torch.cat([c[sample] for c in chosen]).tolist())
+            assert set(whole[sample].tolist()) <= mine  # every token one process recomputes
+            assert len(mine) == sum(c.shape[1] for c in chosen)  # each once
+            assert all(c[sample].tolist() == sorted(c[sample].tolist()) for c in chosen)
+        cut = sum(1 for p in parts[1:] if p.start % window)
+        assert sum(c.shape[1] for c in chosen) - whole.shape[1] <= cut + world - 1  # the cut windows, the top-ups
 
 
 def test_ring_attention_over_reduced_shards_equals_attention_over_one_process_keys():

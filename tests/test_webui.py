@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tokenmerge
+from tokenmerge.config import OPTION_NAMES
 
 from conftest import attn1_token_counts, build_ldm_unet, ldm_inputs
 from sgm_standin import build_sgm_sdxl_unet
@@ -137,9 +138,8 @@ def test_extension_replaces_tomesd_and_adds_its_settings_as_choices(webui_module
     for callback in webui_modules.settings_callbacks:
         callback()
     opts = webui_modules.shared.opts
-    assert set(opts.added) == {
-        f"tokenmerge_{name}" for name in ("method", "kv_factor", "kv_interpolation", "use_rand", "seed", "merge_crossattn")
-    }
+    assert set(opts.added) == {f"tokenmerge_{name}" for name in OPTION_NAMES if name != "ratio"}  # every option; ratio: the webui's
+    assert opts.added["tokenmerge_cache_dtype"].component_args["choices"] == ["model", "int8", "int4", "bfloat16", "float16", "float32"]
     method = opts.added["tokenmerge_method"]
     assert method.component is webui_modules.gradio.Radio and method.component_args["choices"] == ["tome", "todo", "auto", "tokencache"]
     assert opts.added["tokenmerge_kv_interpolation"].component is webui_modules.gradio.Dropdown

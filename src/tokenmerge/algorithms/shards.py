@@ -10,7 +10,9 @@ rank's image tokens sit in the whole grid, so that:
   the rank's chunk) — then the gathered keys are the single process's, in another order, and attention is the same;
   where the ranks' shares differ in size (a chunk boundary inside a factor's window), each rank keeps as many as
   the largest share, its extra keys being its first unselected positions (the collectives need equal lengths);
-- ToMe merges within a rank's chunk when the chunk is a box of the grid (a band of whole rows or frames).
+- ToMe merges within a rank's chunk when the chunk is a box of the grid (a band of whole rows or frames);
+- the token cache chooses in the whole grid's windows (:meth:`Shard.windows`): what one process chooses, plus one
+  token per window a chunk boundary cuts, and a rank meeting fewer windows tops up to the largest count.
 """
 
 from __future__ import annotations
@@ -76,6 +78,16 @@ class Shard:
             free[mine] = False
             mine = torch.cat([mine, free.nonzero().flatten()[:missing]])
         return mine, counts
+
+    def windows(self, size: int) -> tuple[int, int]:
+        """Windows of ``size`` consecutive positions of the whole grid on this chunk: how far into its first window
+        the chunk starts, and the most windows any rank's chunk meets (the count each rank chooses, equal for the
+        collectives)."""
+
+        def met(a: int, b: int) -> int:
+            return 0 if b <= a else (b - 1) // size - a // size + 1
+
+        return self.start % size, max(met(a, b) for a, b in self.bounds)
 
 
 def shard_layout(layout: TokenLayout, rank: int, world: int, text_split: bool, uneven: bool = False) -> TokenLayout | str:

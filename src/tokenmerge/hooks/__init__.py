@@ -2,8 +2,10 @@
 
 - ``state``: what is fixed per patch and what belongs to one call (per thread; replayed in backward);
 - ``calls``: open/close a call, capture token grids, decide each block's action;
-- ``tokens``: merge image tokens on entering a span, restore them on leaving it (ToMe);
-- ``attention``: downsample image keys/values (ToDo), by keyword or at the SDPA call;
+- ``tokens``: the span protocol: gather the image tokens a span runs on as it is entered (a merge, a token cache's
+  selection), scatter its output back as it is left;
+- ``attention``: reduce an attention's image keys/values (todo, auto) or give it every token's (a token cache), by
+  keyword or at the SDPA / dispatch call;
 - ``install``: attach all of them from a denoiser's layout (its family's), and remove them.
 """
 

@@ -1,4 +1,5 @@
-"""Hooks that downsample the image keys and values of an attention (``method="todo"`` / ``"auto"``).
+"""Hooks on an attention: downsample its image keys and values (``method="todo"`` / ``"auto"``), or, inside a span
+that gathered some image tokens, give it every token's (a token cache's :meth:`fill_keys`).
 
 Two routes to the same keys and values (see :mod:`tokenmerge.algorithms.downsample`):
 

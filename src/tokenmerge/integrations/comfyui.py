@@ -32,19 +32,63 @@ from typing import Any
 import torch
 
 from ..algorithms import MergePlan, TokenGrid, downsample_tokens
-from ..algorithms.stores import CACHE_DTYPES
-from ..config import DEFAULTS, KV_INTERPOLATIONS, MEMORY, TokenMergeConfig
+from ..config import OPTION_NAMES, TokenMergeConfig
 from ..families import ldm
-from ..methods import IDLE, BlockFacts, methods_on
+from ..methods import IDLE, OPTIONS, OWNERS, BlockFacts, methods_on
 from ..notices import warn_at_caller
 from ..planning import block_key, decide, gated
 from ..steps import StepPosition, StepTrack, counts_steps, few_step_clause, few_step_notice, locate
 
 _LEVELS = (1, 2, 4, 8, 16, 32, 64)
 _STAGES = {"input": 1, "middle": 2, "output": 3}
-MAX_DOWNSAMPLE_CHOICES = ("auto", "1", "2", "4", "8")
-
 COMFY_METHODS = methods_on("comfyui-unet", "comfyui-dit", "comfyui-blocks")  # what the node offers
+# The node's inputs in the order saved workflows hold their widgets' values (positionally): the first node's
+# required inputs, then the optional ones as they were added; every other option follows, optional (advanced).
+REQUIRED = (
+    "ratio",
+    "max_downsample",
+    "sx",
+    "sy",
+    "use_rand",
+    "seed",
+    "merge_crossattn",
+    "method",
+    "kv_factor",
+    "kv_interpolation",
+    "max_noise",
+)
+OPTIONAL = (
+    "recompute",
+    "refresh_every",
+    "full_steps",
+    "cache_dtype",
+    "memory",
+    *(
+        name
+        for name in OPTION_NAMES
+        if name not in REQUIRED and name not in ("recompute", "refresh_every", "full_steps", "cache_dtype", "memory")
+    ),
+)
+
+
+def node_input(name: str) -> tuple[Any, dict[str, Any]]:
+    """The node's input for option ``name``, made from its declaration (:mod:`tokenmerge.options`)."""
+    option = OPTIONS[name]
+    owner = OWNERS[name]
+    tooltip = f"method {owner}: {option.help}" if owner else option.help
+    if option.none is not None and option.kind != "seed":  # (a seed's None is 0)
+        tooltip += f" ({option.words[0] if option.words else 0}: {option.none})"
+    info: dict[str, Any] = {"default": option.widget_default, "tooltip": tooltip}
+    if name == "method":
+        return list(COMFY_METHODS), info
+    if option.words is not None:
+        return list(option.words), info
+    if option.kind == "bool":
+        return "BOOLEAN", info
+    low, high = option.widget_range
+    if option.kind == "real":
+        return "FLOAT", {**info, "min": low, "max": high, "step": option.step or 0.01}
+    return "INT", {**info, "min": low, "max": high}
 
 
 @functools.cache
@@ -346,81 +390,10 @@ class TokenMergeNode:
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
-        d = DEFAULTS
-        return {
-            "required": {
-                "model": ("MODEL",),
-                "ratio": ("FLOAT", {"default": d.ratio, "min": 0.0, "max": 0.99, "step": 0.01}),
-                "max_downsample": (
-                    list(MAX_DOWNSAMPLE_CHOICES),
-                    {"default": "auto" if d.max_downsample is None else str(d.max_downsample)},
-                ),
-                "sx": ("INT", {"default": d.sx, "min": 1, "max": 8}),
-                "sy": ("INT", {"default": d.sy, "min": 1, "max": 8}),
-                "use_rand": ("BOOLEAN", {"default": d.use_rand}),
-                "seed": ("INT", {"default": d.seed or 0, "min": 0, "max": 2**63 - 1}),
-                "merge_crossattn": ("BOOLEAN", {"default": d.merge_crossattn}),
-                "method": (list(COMFY_METHODS), {"default": d.method}),
-                "kv_factor": ("INT", {"default": d.kv_factor, "min": 1, "max": 8, "tooltip": "method todo: key/value downsampling factor"}),
-                "kv_interpolation": (list(KV_INTERPOLATIONS), {"default": d.kv_interpolation}),
-                "max_noise": (
-                    "FLOAT",
-                    {
-                        "default": 0.0,
-                        "min": 0.0,
-                        "max": 1.0,
-                        "step": 0.05,
-                        "tooltip": "reduce only in the steps at or below this noise level (1 = pure noise, every step); "
-                        "0: the method's default (auto 0.4, which keeps more quality than ToMe 0.5 on the reference models; tome, todo 1)",
-                    },
-                ),
-            },
-            "optional": {  # method tokencache (diffusion transformers); optional: earlier workflows load unchanged
-                "recompute": (
-                    "FLOAT",
-                    {
-                        "default": d.recompute,
-                        "min": 0.01,
-                        "max": 1.0,
-                        "step": 0.01,
-                        "tooltip": "method tokencache: the share of image tokens a cached step recomputes",
-                    },
-                ),
-                "refresh_every": (
-                    "INT",
-                    {"default": d.refresh_every, "min": 1, "max": 100, "tooltip": "method tokencache: a full step every this many steps"},
-                ),
-                "full_steps": (
-                    "INT",
-                    {"default": d.full_steps, "min": 0, "max": 100, "tooltip": "method tokencache: the first steps computed fully"},
-                ),
-                "cache_dtype": (
-                    [*CACHE_DTYPES, "model"],
-                    {
-                        "default": "model" if d.cache_dtype is None else d.cache_dtype,
-                        "tooltip": "method tokencache: how cached outputs, keys and values are kept (int8: a scale per token and "
-                        "64 channels, about half of bf16's memory at the same quality on the reference models; model: exact)",
-                    },
-                ),
-                "memory": (
-                    list(MEMORY),
-                    {"default": d.memory, "tooltip": "method tokencache: low keeps every cache as int4 (about a quarter of bf16's memory)"},
-                ),
-            },
-        }
+        required = {"model": ("MODEL",)} | {name: node_input(name) for name in REQUIRED}
+        return {"required": required, "optional": {name: node_input(name) for name in OPTIONAL}}
 
-    def patch(
-        self, model: Any, max_downsample: str = "auto", max_noise: float = 0.0, cache_dtype: str | None = None, **options: Any
-    ) -> tuple[Any]:
-        if max_downsample not in MAX_DOWNSAMPLE_CHOICES:
-            raise ValueError(f"max_downsample must be one of {', '.join(MAX_DOWNSAMPLE_CHOICES)}, got {max_downsample!r}")
-        limit = None if max_noise == 0 else max_noise  # the widget's 0: the method's default
-        config = TokenMergeConfig(
-            max_downsample=None if max_downsample == "auto" else int(max_downsample),
-            max_noise=limit,
-            # the widget's "model": the model's own dtype; not given (a workflow saved before it): the default
-            cache_dtype=DEFAULTS.cache_dtype if cache_dtype is None else None if cache_dtype == "model" else cache_dtype,
-            **options,
-        )
+    def patch(self, model: Any, **values: Any) -> tuple[Any]:
+        config = TokenMergeConfig(**{name: OPTIONS[name].from_widget(value) for name, value in values.items()})
         config.warn_if_capped()
         return (patch_model(model, config),)

@@ -12,8 +12,8 @@ The two webuis route token merging differently (checked against their source, se
   ``extra_options`` keys (:mod:`tokenmerge.integrations.comfyui`).
 
 :func:`install` does whichever applies and says so; where neither exists it warns that the settings have no
-effect. The extension's options (method, ...) come from :data:`SETTINGS`, whose defaults are read from
-:class:`tokenmerge.TokenMergeConfig`; enumerated options are offered as choices, never as free text.
+effect. Every option but ``ratio`` (the webui's own slider) is a setting (:data:`SETTINGS`), made from the options'
+declarations; enumerated options are offered as choices, never as free text.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
-from ..config import DEFAULTS, KV_INTERPOLATIONS, METHODS, TokenMergeConfig, ignored_by
-from ..methods import methods_on
+from ..config import OPTION_NAMES, TokenMergeConfig, ignored_by
+from ..methods import OPTIONS, OWNERS, methods_on
 from ..patch import apply_patch, end_generations, remove_patch
 from .comfyui import patch_model
 
@@ -40,59 +40,36 @@ class Setting(NamedTuple):
     args: dict[str, Any]
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "tokenmerge_method",
-        "method",
-        DEFAULTS.method,
-        "Token merging method: tome merges tokens, todo downsamples keys/values, auto picks a per-block factor, "
-        "tokencache recomputes only the tokens that changed since the last step",
-        "Radio",
-        {"choices": list(METHODS)},
-    ),
-    Setting(
-        "tokenmerge_kv_factor",
-        "kv_factor",
-        DEFAULTS.kv_factor,
-        "Token merging: key/value downsampling factor (method todo)",
-        "Slider",
-        {"minimum": 1, "maximum": 8, "step": 1},
-    ),
-    Setting(
-        "tokenmerge_kv_interpolation",
-        "kv_interpolation",
-        DEFAULTS.kv_interpolation,
-        "Token merging: key/value downsampling interpolation",
-        "Dropdown",
-        {"choices": list(KV_INTERPOLATIONS)},
-    ),
-    # Off by default as the webui passes it; safe to turn on: tokenmerge's randomness is deterministic.
-    Setting(
-        "tokenmerge_use_rand",
-        "use_rand",
-        False,
-        "Token merging: random destinations (deterministic, seeded by the option below)",
-        "Checkbox",
-        {},
-    ),
-    Setting("tokenmerge_seed", "seed", DEFAULTS.seed or 0, "Token merging: seed of the random destinations", "Number", {"precision": 0}),
-    Setting(
-        "tokenmerge_merge_crossattn",
-        "merge_crossattn",
-        DEFAULTS.merge_crossattn,
-        "Token merging: merge tokens for cross-attention too",
-        "Checkbox",
-        {},
-    ),
-)
+# The webui's own settings pass ratio (its token-merging slider, the on-switch) and tomesd's other arguments; every
+# other option is a setting here. use_rand starts off as the webui passes it (safe to turn on: deterministic here).
+WEBUI_DEFAULTS = {"use_rand": False}
+
+
+def setting(name: str) -> Setting:
+    """The webui setting for option ``name``, made from its declaration (:mod:`tokenmerge.options`)."""
+    option, owner = OPTIONS[name], OWNERS[name]
+    label = f"Token merging{f' ({owner})' if owner else ''}: {option.help}"
+    if option.none is not None and option.kind != "seed":  # (a seed's None is 0)
+        label += f" ({option.words[0] if option.words else 0}: {option.none})"
+    default = WEBUI_DEFAULTS.get(name, option.widget_default)
+    if option.words is not None:
+        return Setting(
+            f"tokenmerge_{name}", name, default, label, "Radio" if name == "method" else "Dropdown", {"choices": list(option.words)}
+        )
+    if option.kind == "bool":
+        return Setting(f"tokenmerge_{name}", name, default, label, "Checkbox", {})
+    low, high = option.widget_range
+    if option.widget_max is None and option.high is None:  # no natural end: a number field
+        return Setting(f"tokenmerge_{name}", name, default, label, "Number", {"precision": 0 if option.kind != "real" else None})
+    return Setting(f"tokenmerge_{name}", name, default, label, "Slider", {"minimum": low, "maximum": high, "step": option.step or 1})
+
+
+SETTINGS: tuple[Setting, ...] = tuple(setting(name) for name in OPTION_NAMES if name != "ratio")
 
 
 def options_from(values: dict[str, Any]) -> dict[str, Any]:
     """tokenmerge options from the webui's setting values (missing settings keep their defaults)."""
-    options = {s.option: values.get(s.key, s.default) for s in SETTINGS}
-    options["seed"] = int(options["seed"])  # gradio's Number gives floats
-    options["kv_factor"] = int(options["kv_factor"])
-    return options
+    return {s.option: OPTIONS[s.option].from_widget(values.get(s.key, s.default)) for s in SETTINGS}
 
 
 class WebuiTokenMerge:

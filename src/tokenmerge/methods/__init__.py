@@ -1,10 +1,14 @@
 """The methods, as data and code: one module each (:mod:`.tome`, :mod:`.todo`, :mod:`.auto`, :mod:`.tokencache`), each a
 :class:`~tokenmerge.methods.base.Method` declaring the options it reads, its per-block decision, what ``describe()``
-prints and the routes it runs on. Adding a method means adding its module and listing it here; nothing outside this
-package compares method names (the CLI's parsing of specs aside)."""
+prints, the routes it runs on and the options it declares (:data:`OPTIONS`, from which the config and every front
+end's widgets are made). Adding a method means adding its module and listing it here; nothing outside this package
+compares method names (the CLI's parsing of specs aside)."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from ..options import COMMON, Option
 from .auto import AUTO_MAX_NOISE, Auto, auto_kv_factor, auto_kv_factors
 from .base import IDLE, ROUTES, BlockAction, BlockFacts, Method, PlanStore, idle
 from .todo import ToDo
@@ -13,6 +17,17 @@ from .tome import ToMe, merge_count, plan_merge, window_of
 
 REGISTRY: dict[str, Method] = {m.name: m for m in (ToMe(), ToDo(), Auto(), TokenCache())}
 METHODS: tuple[str, ...] = tuple(REGISTRY)
+# Every option: those every method reads, then each method's own, in the registry's order (tokenmerge.options).
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        dataclasses.replace(COMMON[0], choices=METHODS),
+        *COMMON[1:],
+        *(o for m in REGISTRY.values() for o in m.options),
+    )
+}
+# The method declaring each option (None: every method reads it).
+OWNERS: dict[str, str | None] = {name: next((m.name for m in REGISTRY.values() if o in m.options), None) for name, o in OPTIONS.items()}
 
 
 def get(name: str) -> Method:
@@ -29,6 +44,8 @@ __all__ = [
     "AUTO_MAX_NOISE",
     "IDLE",
     "METHODS",
+    "OPTIONS",
+    "OWNERS",
     "REGISTRY",
     "ROUTES",
     "BlockAction",

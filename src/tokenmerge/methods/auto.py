@@ -8,6 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..algorithms import TokenGrid
+from ..options import Option
 from .keys import KeyValueMethod
 
 if TYPE_CHECKING:
@@ -56,7 +57,29 @@ def auto_kv_factors(grid: TokenGrid, max_keys: int, min_tokens: int, max_factor:
 
 class Auto(KeyValueMethod):
     name = "auto"
-    reads = ("kv_interpolation", "auto_max_keys", "auto_min_tokens", "auto_max_factor")
+    options = (
+        Option(
+            "auto_max_keys",
+            "int",
+            512,
+            "key budget per self-attention (per frame on a video): lower is faster and coarser",
+            low=1,
+            widget_max=8192,
+        ),
+        Option("auto_min_tokens", "int", 1024, "grids of at most this many tokens are left alone", low=1, widget_max=65536),
+        Option(
+            "auto_max_factor",
+            "int",
+            3,
+            "the largest factor per side",
+            low=2,
+            none="no cap: the budget alone decides",
+            widget_max=16,
+            doc="With auto's max_noise it keeps ToMe r=0.5's quality at 2048 px strengths on the reference models, where "
+            "the budget's own factors (6 on Flux, 12 on SD 1.5) lose it.",
+        ),
+    )
+    also_reads = ("kv_interpolation",)
     default_max_noise = AUTO_MAX_NOISE
     few_step_share = AUTO_FEW_STEP_SHARE
     every_level = True  # its rule leaves small grids alone

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..algorithms import MergePlan, Shard, TokenGrid
+from ..options import Option
 
 if TYPE_CHECKING:
     from ..config import TokenMergeConfig
@@ -118,7 +119,10 @@ class Method:
     """One method: subclasses set the class attributes and implement :meth:`act`."""
 
     name: ClassVar[str]
-    reads: ClassVar[tuple[str, ...]]  # the options it reads (the others: "does not use", said at apply_patch)
+    options: ClassVar[tuple[Option, ...]] = ()  # the options it declares (tokenmerge.options)
+    also_reads: ClassVar[tuple[str, ...]] = ()  # options declared elsewhere that it reads too
+    primary: ClassVar[str | None] = None  # the option a command line's "method:value" sets (tome:0.5 -> ratio)
+    reads: ClassVar[tuple[str, ...]]  # the options it reads: its own and also_reads (the others: "does not use")
     routes: ClassVar[tuple[str, ...]] = tuple(r for r in ROUTES if r != "comfyui-blocks")  # key/value methods: the override
     default_max_noise: ClassVar[float] = 1.0  # max_noise=None: reduce the steps at noise <= this (1 = every step)
     # max_noise=None on a few-step schedule (tokenmerge.steps): reduce this share of its last steps instead (None: the
@@ -130,6 +134,13 @@ class Method:
     supports_ring: ClassVar[bool] = True  # under ring attention (ranks attend to keys they do not hold)
     every_span: ClassVar[bool] = False  # acts on every span of a block, whatever the merge_* options
     per_generation: ClassVar[bool] = False  # keeps state across the calls of a generation (begin() starts each call)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.reads = tuple(o.name for o in cls.options) + cls.also_reads
+
+    def validate(self, config: TokenMergeConfig) -> None:
+        """Raise where options that each pass their own check contradict one another."""
 
     def begin(self, config: TokenMergeConfig, generation: Any) -> None:
         """A call of a generation begins (methods with ``per_generation``)."""

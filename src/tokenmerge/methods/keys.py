@@ -1,6 +1,6 @@
 """What the key/value methods (``todo``, ``auto``) share: they downsample the image keys and values of a block's self-
 or joint attentions by a factor per grid axis; queries, text and reference tokens keep every token. Where and how
-the keys are reduced is :mod:`tokenmerge.algorithms.keyvalues` (one reduction for every route)."""
+the keys are reduced is :func:`tokenmerge.algorithms.downsample.reduce_keys_values` (one reduction for every route)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..algorithms import TokenGrid
+from ..options import Option
 from .keys import KeyValueMethod
 
 if TYPE_CHECKING:
@@ -15,7 +16,26 @@ if TYPE_CHECKING:
 
 class ToDo(KeyValueMethod):
     name = "todo"
-    reads = ("kv_factor", "kv_interpolation")
+    primary = "kv_factor"
+    options = (
+        Option(
+            "kv_factor",
+            "factor",
+            2,
+            "key/value downsampling factor per side (or (t, h, w) on a video)",
+            low=1,
+            widget_max=8,
+            advanced=False,
+        ),
+        Option(
+            "kv_interpolation",
+            "choice",
+            "nearest-exact",
+            "how keys and values are downsampled (todo, auto)",
+            choices=("nearest-exact", "nearest", "bilinear", "bicubic", "area"),
+            advanced=False,
+        ),
+    )
 
     def is_identity(self, config: TokenMergeConfig) -> bool:
         return config.kv_factor in (1, (1, 1, 1))

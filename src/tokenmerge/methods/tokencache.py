@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..algorithms import Shard, TokenGrid
-from ..algorithms.stores import RowStore, store
+from ..algorithms.stores import CACHE_DTYPES, RowStore, store
+from ..options import Option
 from .base import BlockAction, BlockFacts, Method, idle
 
 if TYPE_CHECKING:
@@ -280,26 +281,67 @@ def window_of(config: TokenMergeConfig) -> int:
     return max(1, round(1 / config.recompute))
 
 
-def select(change: torch.Tensor, window: int) -> torch.Tensor:
-    """Each window's most changed token, per sample: (B, N) scores -> (B, ceil(N / window)) positions, in order."""
+def select(change: torch.Tensor, window: int, offset: int = 0, count: int | None = None) -> torch.Tensor:
+    """Each window's most changed token, per sample: (B, N) scores -> (B, ceil((offset + N) / window)) positions, in
+    order. ``offset``: the scores start that far into their first window (a rank's part of a whole grid, whose
+    windows it keeps); ``count``: at least that many, topped up with the most changed of the others."""
     b, n = change.shape
-    windows = math.ceil(n / window)
-    padded = torch.nn.functional.pad(change, (0, windows * window - n), value=float("-inf"))
-    best = padded.view(b, windows, window).argmax(-1)
-    return best + torch.arange(windows, device=change.device) * window
+    windows = math.ceil((offset + n) / window)
+    padded = torch.nn.functional.pad(change, (offset, windows * window - n - offset), value=float("-inf"))
+    best = padded.view(b, windows, window).argmax(-1) + torch.arange(windows, device=change.device) * window - offset
+    if count is not None and count > windows:
+        others = change.scatter(1, best, float("-inf")).topk(count - windows, dim=1).indices
+        best = torch.cat([best, others], dim=1).sort(dim=1).values
+    return best
 
 
 class TokenCache(Method):
     name = "tokencache"
-    reads = ("recompute", "refresh_every", "full_steps", "cache_dtype", "memory")
+    primary = "recompute"
+    options = (
+        Option(
+            "recompute",
+            "real",
+            0.1,
+            "the share of each sample's image tokens a cached step recomputes (1: every token)",
+            low=0,
+            high=1,
+            open="low",
+            step=0.01,
+        ),
+        Option("refresh_every", "int", 6, "after the first full steps, a full step every this many steps", low=1, widget_max=100),
+        Option("full_steps", "int", 3, "the first steps of a generation, computed fully", low=0, widget_max=100),
+        Option(
+            "cache_dtype",
+            "dtype",
+            "int8",
+            "how cached outputs, keys and values are kept (int8: a scale per token and 64 channels, about half of bf16's memory)",
+            choices=CACHE_DTYPES,
+            none="the model's own dtype, exact",
+            none_word="model",
+        ),
+        Option(
+            "memory",
+            "choice",
+            "default",
+            "low keeps every cache as int4 and the block inputs as int8 (about a quarter of bf16's memory)",
+            choices=("default", "low"),
+        ),
+    )
     routes = ("diffusers", "ldm", "webui", "comfyui-blocks")
     merges = True  # its spans gather tokens: a step cache's deciding block runs whole
     every_span = True  # attention, cross-attention and MLP are cached alike (merge_* options do not apply)
-    supports_ring = False
     per_generation = True
 
     def is_identity(self, config: TokenMergeConfig) -> bool:
         return config.recompute >= 1
+
+    def validate(self, config: TokenMergeConfig) -> None:
+        if config.memory == "low" and config.cache_dtype not in ("int8", "int4"):
+            raise ValueError(
+                f"memory='low' keeps the token cache as int4; cache_dtype={config.cache_dtype!r} asks otherwise: leave "
+                "cache_dtype at its default with memory='low', or set memory='default'"
+            )
 
     def begin(self, config: TokenMergeConfig, generation: Generation) -> None:
         """A call of the generation begins: is it a full step? (The step count advances past the calls whose blocks
@@ -322,7 +364,7 @@ class TokenCache(Method):
             return idle("the generation's last step, computed whole")
         whole = SelectSpan(generation, facts.block, None, grid.numel)
         if grid.shape not in generation.selections:  # the call's first block on this grid: choose its tokens
-            generation.selections[grid.shape] = self._choose(config, generation, grid, facts.tokens().detach())
+            generation.selections[grid.shape] = self._choose(config, generation, grid, facts.tokens().detach(), facts.shard)
         selection = generation.selections[grid.shape]
         if selection is None:
             return BlockAction(plan=whole)
@@ -334,10 +376,14 @@ class TokenCache(Method):
         return BlockAction(plan=SelectSpan(generation, facts.block, selection, grid.numel), merged=grid.numel - selection.shape[1])
 
     @staticmethod
-    def _choose(config: TokenMergeConfig, generation: Generation, grid: TokenGrid, x: torch.Tensor) -> torch.Tensor | None:
+    def _choose(
+        config: TokenMergeConfig, generation: Generation, grid: TokenGrid, x: torch.Tensor, shard: Shard | None
+    ) -> torch.Tensor | None:
         """The image tokens this call recomputes on ``grid`` from its first block's input ``x`` (B, N, C), each
         window's most changed since it was last computed; ``None``: every token (a full step, or a grid the last full
-        step did not see), the input recorded."""
+        step did not see), the input recorded. Under context parallelism (``shard``: this rank's part of the whole
+        grid) the windows are the whole grid's, each rank choosing among its own tokens as many as the rank meeting
+        the most windows."""
         last = generation.inputs.get(grid.shape)
         if generation.full or last is None or last.shape != x.shape:
             generation.inputs[grid.shape] = store(x, _input_dtype(generation.cache_dtype))
@@ -345,7 +391,8 @@ class TokenCache(Method):
         last.thaw()
         before = last.read(x.dtype)
         change = (x - before).float().norm(dim=-1) / before.float().norm(dim=-1).clamp_min(1e-6)
-        selection = select(change, window_of(config))
+        window = window_of(config)
+        selection = select(change, window, *(shard.windows(window) if shard is not None else (0, None)))
         at = selection[..., None].expand(-1, -1, x.shape[-1])
         last.write(1, at, x.gather(1, at))
         return selection
@@ -385,9 +432,6 @@ class TokenCache(Method):
             f"span outputs {outputs:.1f} MiB and keys and values {keys:.1f} MiB as {kept}, block inputs {inputs:.1f} MiB; "
             f"{sum(per_block) / max(1, blocks) / mib:.2f} MiB per block on average; freed when the generation ends or by remove_patch"
         )
-
-    def on_shard(self, config: TokenMergeConfig, shard: Shard) -> str | None:
-        return "the token cache is not supported under context parallelism yet (each rank would cache its part of the grid)"
 
     def describe(self, config: TokenMergeConfig, action: BlockAction | None, grid: TokenGrid | None, spans: tuple[str, ...]) -> str:
         k = window_of(config)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..algorithms import MergePlan, Shard, TokenGrid, batch_metric, bipartite_soft_matching, grid_partition, random_offsets, timestep_keys
+from ..options import Option
 from .base import ROUTES, BlockAction, BlockFacts, Method, idle
 
 if TYPE_CHECKING:
@@ -62,20 +63,62 @@ def plan_merge(
 
 class ToMe(Method):
     name = "tome"
-    reads = (
-        "ratio",
-        "sx",
-        "sy",
-        "st",
-        "use_rand",
-        "merge_attn",
-        "merge_crossattn",
-        "merge_mlp",
-        "seed",
-        "share_plan",
-        "reuse_steps",
-        "match_dtype",
+    primary = "ratio"
+    options = (
+        Option(
+            "ratio",
+            "real",
+            0.5,
+            "the fraction of a block's image tokens merged away; at most 1 - 1/(sx*sy) is reached",
+            low=0,
+            high=1,
+            open="high",
+            widget_max=0.99,
+            step=0.01,
+            advanced=False,
+        ),
+        Option("sx", "int", 2, "width of the window one destination token is chosen in, in tokens", low=1, widget_max=8, advanced=False),
+        Option("sy", "int", 2, "height of that window, in tokens", low=1, widget_max=8, advanced=False),
+        Option("st", "int", 1, "frames of that window on a video's grid (1: every frame has its own destinations)", low=1, widget_max=8),
+        Option(
+            "use_rand",
+            "bool",
+            True,
+            "choose each window's destination at random (derived from seed, the block and the timestep) instead of top-left",
+            advanced=False,
+        ),
+        Option("merge_crossattn", "bool", False, "run cross-attention on the merged tokens", advanced=False),
+        Option(
+            "merge_mlp",
+            "bool",
+            None,
+            "run the MLP on the merged tokens",
+            none="the family's choice: on for transformers, off on UNets (as tomesd)",
+            none_word="auto",
+        ),
+        Option("seed", "seed", None, "seed of the random destinations (all its bits count)", none="0", advanced=False),
+        Option(
+            "share_plan", "bool", False, "one matching per level and call, reused by the level's other blocks (faster, changes the result)"
+        ),
+        Option(
+            "reuse_steps",
+            "int",
+            1,
+            "reuse a block's matching for this many consecutive steps (1: match at every step)",
+            low=1,
+            widget_max=10,
+        ),
+        Option(
+            "match_dtype",
+            "dtype",
+            None,
+            "dtype of the similarity matmul",
+            choices=("float32", "float16", "bfloat16"),
+            none="the tokens' own, as tomesd",
+            none_word="tokens",
+        ),
     )
+    also_reads = ("merge_attn",)
     routes = tuple(r for r in ROUTES if r != "comfyui-dit")  # ComfyUI's attention override sees no block; its block patches do
     merges = True
     supports_ring = False  # a ring rank attends to keys it does not hold, whose merge sizes it cannot know

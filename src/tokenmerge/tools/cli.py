@@ -151,9 +151,9 @@ def _bench_context_parallel(args: argparse.Namespace) -> int:
     from .context_parallel import bench_family, format_bench, run_ranks
     from .specs import PatchSpec
 
-    if args.comfyui or args.compile or args.steps or args.device != "cpu" or args.model in UNETS or len(args.sizes) != 1:
+    if args.comfyui or args.compile or args.schedule or args.device != "cpu" or args.model in UNETS or len(args.sizes) != 1:
         raise SystemExit(
-            "tokenmerge bench: error: --cp runs one transformer at one --sizes on the CPU; drop --comfyui/--compile/--steps/--device"
+            "tokenmerge bench: error: --cp runs one transformer at one --sizes on the CPU; drop --comfyui/--compile/--schedule/--device"
         )
     specs = tuple(args.variants or ("todo:2", "auto", "tome:0.5"))
     for spec in specs:
@@ -171,12 +171,13 @@ def _bench_context_parallel(args: argparse.Namespace) -> int:
         args.repeats,
         args.small,
         args.blocks,
+        max(1, args.steps or 1),
         world=args.cp,
         threads=args.threads or 1,
         timeout=3600,
     )
     label = f"{describe_model(args.model, args.small, args.blocks)}, {height}x{width} px" + (f", {frames} latent frames" if frames else "")
-    print(format_bench(rows, label, args.cp))
+    print(format_bench(rows, label, args.cp, args.steps or 1))
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": {"model": label, "world": args.cp, "argv": sys.argv[1:]}, "rows": rows}, indent=1))
     return 0
@@ -323,6 +324,16 @@ def _support(args: argparse.Namespace) -> int:
         print(f"{args.write_readme}: {'updated' if write_readme(args.write_readme) else 'already current'}")
         return 0
     print(matrix(notes=args.notes))
+    return 0
+
+
+def _options(args: argparse.Namespace) -> int:
+    from .options_table import table, write_docs
+
+    if args.write_docs:
+        print(f"{args.write_docs}: {'updated' if write_docs(args.write_docs) else 'already current'}")
+        return 0
+    print(table())
     return 0
 
 
@@ -475,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="RANKS",
         help="run under diffusers' Ulysses context parallelism over RANKS gloo processes on this machine (one thread each): "
-        "per-rank forward time and the bytes each rank's attention sends, vanilla vs each variant (one transformer, one size)",
+        "per-rank forward time and the bytes each rank's attention sends, vanilla vs each variant (one transformer, one size; "
+        "--steps N: a generation of N Euler calls, as the token cache needs)",
     )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
@@ -531,6 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
     support.add_argument("--notes", action="store_true", help="add how each family's token grid, text and positions are read")
     support.add_argument("--write-readme", metavar="README", help="replace the matrix between the README's markers instead of printing")
     support.set_defaults(func=_support)
+    options = commands.add_parser("options", help="print every option: its method, default, accepted values and what it does")
+    options.add_argument("--write-docs", metavar="PAGE", help="replace the table between the page's markers instead of printing")
+    options.set_defaults(func=_options)
     frontier = commands.add_parser(
         "frontier",
         help="plot PSNR against the work saved from the JSON files of `tokenmerge eval --json` (needs matplotlib)",

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import apply_patch, remove_patch
 from ..config import OPTION_NAMES, TokenMergeConfig, ignored_by
+from ..methods import OPTIONS, REGISTRY
 from .caches import CACHES, NAMES, Clock, enable_cache
 from .pipelines import PIPELINE_ACCELERATORS, PIPELINE_NAMES
 
@@ -93,12 +94,9 @@ class PatchSpec:
     def kwargs(self) -> dict[str, Any]:
         """tokenmerge.apply_patch keyword arguments."""
         base: dict[str, Any] = {"method": self.method}
-        if self.method == "tome":
-            base["ratio"] = self.value
-        elif self.method == "tokencache" and self.value is not None:
-            base["recompute"] = self.value
-        elif self.method == "todo":
-            base["kv_factor"] = self.value if isinstance(self.value, tuple) else int(self.value)  # type: ignore[arg-type]
+        primary = REGISTRY[self.method].primary
+        if primary is not None and self.value is not None:
+            base[primary] = OPTIONS[primary].from_widget(self.value)  # (todo:2 -> kv_factor=2, an int)
         return base | self.options
 
     @property
