@@ -206,7 +206,7 @@ def _tome_blocks(comfy_dits, node, name: str, model, found, vanilla) -> dict:
     them, through its wrapped layers)."""
     import torch
 
-    from tokenmerge.integrations import comfyui_blocks
+    from tokenmerge.integrations.comfyui import blocks as comfyui_blocks
     from tokenmerge.methods import BlockAction
 
     recorder, other, hooks = _recording(model, found)
@@ -521,7 +521,7 @@ def test_every_weight_and_buffer_is_seeded_whatever_uninitialised_memory_holds(c
 
 @each_version
 def test_the_node_is_loaded_by_comfyuis_custom_node_loader(comfyui):
-    assert comfyui["node_module"] == "tokenmerge.integrations.comfyui"
+    assert comfyui["node_module"] == "tokenmerge.integrations.comfyui.node"
 
 
 @each_model

@@ -176,7 +176,7 @@ IMAGE_PLACES = ("after_text", "first", "last", "alone")
 class ComfyBlocks:
     """Where ComfyUI's block replace patches (``transformer_options["patches_replace"]["dit"][(kind, i)]``, called
     with the block's arguments and an ``original_block``) reach a family's blocks, for ``method="tome"`` and
-    ``"tokencache"`` on ComfyUI (:mod:`tokenmerge.integrations.comfyui_blocks`): each kind with the diffusion model's
+    ``"tokencache"`` on ComfyUI (:mod:`tokenmerge.integrations.comfyui.blocks`): each kind with the diffusion model's
     attribute listing its blocks; the kinds whose ``"img"`` argument is the joint [text; image] sequence (Flux's
     single-stream blocks); the token axes the ``"pe"`` rotary table may have (the first as long as the stream is taken:
     ComfyUI versions differ), its rows and a mask's columns [whatever precedes the stream; the stream], or with
@@ -195,7 +195,7 @@ class ComfyBlocks:
 @dataclass(frozen=True)
 class ComfyModel:
     """How ComfyUI's own implementation of a family lays out its attention calls (the ComfyUI node's DiT path,
-    :mod:`tokenmerge.integrations.comfyui_dit`): its diffusion-model classes (and, where one class serves several
+    :mod:`tokenmerge.integrations.comfyui.dit`): its diffusion-model classes (and, where one class serves several
     families, the ``image_model`` of ComfyUI's detected ``unet_config``: Flux.1 and Flux.2 are both ``Flux``), latent
     cells per token, where the image tokens sit in a self- or joint attention call, and the conditioning inputs
     that change the token grid (where present, the call runs unchanged: no wrong grid)."""

@@ -15,29 +15,27 @@ is set, after the rotary embedding. Two pieces, both registered on a clone of th
 
 Queries are all kept (every token gets its output); text, reference and conditioning tokens are never reduced;
 cross-attention (keys = text) is left alone. ToMe and the token cache run around whole blocks instead
-(:mod:`.comfyui_blocks`): the override sees one attention call, not the block around it, so merged or cached tokens
+(:mod:`.blocks`): the override sees one attention call, not the block around it, so merged or cached tokens
 could not skip the MLP there (the token cache uses an override too, :class:`AttentionOverride`, to give its
 recomputed queries every token's keys).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..algorithms import TokenGrid, reduce_keys_values
-from ..config import TokenMergeConfig
-from ..families import ComfyModel, comfy_model_of
-from ..methods import BlockAction, BlockFacts
-from ..notices import warn_at_caller
-from ..planning import decide
-from ..steps import StepPosition
-from .comfyui import SharedPatch, comfy_step
+from ...algorithms import TokenGrid, reduce_keys_values
+from ...config import TokenMergeConfig
+from ...families import ComfyModel
+from ...methods import BlockAction, BlockFacts
+from ...notices import warn_at_caller
+from ...planning import decide
+from ...steps import StepPosition
+from .shared import SharedPatch, comfy_step
 
 OVERRIDE = "optimized_attention_override"
 WRAPPER_KEY = "tokenmerge"
@@ -125,7 +123,7 @@ class DitPatch(SharedPatch):
 
     def generations(self) -> Any:
         """This thread's generations of a per-generation method (:class:`tokenmerge.methods.tokencache.Generations`)."""
-        from ..methods.tokencache import Generations
+        from ...methods.tokencache import Generations
 
         found = getattr(self._local, "generations", None)
         if found is None:
@@ -254,54 +252,3 @@ class _Chained:
 
     def __call__(self, func: Any, *args: Any, **kwargs: Any) -> Any:
         return self.patch.attend(self.later, func, *args, **kwargs)
-
-
-def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
-    """A clone of ``model_patcher`` with ``config``'s method on its diffusion transformer: ToMe around its blocks
-    (:mod:`.comfyui_blocks`) where the family offers them, keys and values through the attention override otherwise;
-    None when the model is not a diffusion transformer tokenmerge knows in ComfyUI."""
-    from .comfyui_blocks import DitBlocks, DitCache, add_block_patches, drop_block_patches
-
-    diffusion_model = model_patcher.model.diffusion_model
-    unet_config = getattr(getattr(model_patcher.model, "model_config", None), "unet_config", None) or {}
-    model = comfy_model_of(diffusion_model, unet_config.get("image_model"))
-    if model is None:
-        return None
-    route = model.route_for(config.method_of)
-    if route is None:
-        warnings.warn(
-            f"tokenmerge: method={config.method!r} is not available on ComfyUI's {model.title}: it runs around whole blocks, "
-            "this model's blocks offer no replace patch tokenmerge reads, and the attention override sees one attention call, "
-            "not its block; using method='auto' (keys and values of a downsampled grid)",
-            stacklevel=3,
-        )
-        config = dataclasses.replace(config, method="auto")
-        route = model.route_for(config.method_of)
-    patched = model_patcher.clone()
-    options = patched.model_options.setdefault("transformer_options", {})
-    previous = options.get(OVERRIDE)
-    earlier = isinstance(previous, AttentionOverride)
-    if earlier:
-        previous = previous.previous
-        if previous is None:
-            del options[OVERRIDE]
-        else:
-            options[OVERRIDE] = previous
-    if drop_block_patches(patched) or earlier:  # the node applied twice in a chain: the second replaces the first
-        warnings.warn("tokenmerge: this MODEL already carries a tokenmerge patch; it is replaced by this node's options", stacklevel=3)
-        patched.remove_wrappers_with_key("apply_model", WRAPPER_KEY)
-        patched.remove_wrappers_with_key("outer_sample", WRAPPER_KEY)
-    patch = model.patch_of(diffusion_model)
-    if route == "comfyui-blocks" and config.method_of.per_generation:
-        wrapper: DitPatch = DitCache(config, model, patch, previous, model.pad_of(diffusion_model))
-        add_block_patches(patched, wrapper, diffusion_model)
-        options[OVERRIDE] = wrapper
-        patched.add_wrapper_with_key("outer_sample", WRAPPER_KEY, wrapper.sampling)
-    elif route == "comfyui-blocks":
-        wrapper = DitBlocks(config, model, patch, model.pad_of(diffusion_model))
-        add_block_patches(patched, wrapper, diffusion_model)
-    else:
-        wrapper = DitKeyValues(config, model, patch, previous, model.pad_of(diffusion_model))
-        options[OVERRIDE] = wrapper
-    patched.add_wrapper_with_key("apply_model", WRAPPER_KEY, wrapper.apply_model)
-    return patched

@@ -13,7 +13,7 @@ The token cache's plan (:class:`DitCache`) runs the block on the tokens a cached
 gives the others their cached residual.
 
 The call's grid and text length come from the ``APPLY_MODEL`` wrapper the key/value route uses too
-(:class:`tokenmerge.integrations.comfyui_dit.DitPatch`). A block whose arguments do not fit the grid (an attention
+(:class:`tokenmerge.integrations.comfyui.dit.DitPatch`). A block whose arguments do not fit the grid (an attention
 mask over the tokens, a per-token modulation, a rotary table of another length) runs whole, said once per cause.
 """
 
@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from ..algorithms import MergePlan
-from ..config import TokenMergeConfig
-from ..families import ComfyModel
-from ..families.base import ComfyBlocks
-from ..methods import BlockFacts
-from ..planning import block_key, decide
-from .comfyui_dit import WRAPPER_KEY, AttentionOverride, DitCall, DitPatch, mask_of, with_mask
+from ...algorithms import MergePlan
+from ...config import TokenMergeConfig
+from ...families import ComfyModel
+from ...families.base import ComfyBlocks
+from ...methods import BlockFacts
+from ...planning import block_key, decide
+from .dit import WRAPPER_KEY, AttentionOverride, DitCall, DitPatch, mask_of, with_mask
 
 # Flux.2's and Qwen-Image edit's reference method that modulates the image and its references by token index (ranges
 # a merge would shift)
