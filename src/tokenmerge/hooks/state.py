@@ -81,7 +81,7 @@ class CallState:
     noise: float | None = None  # the call's noise level where max_noise needs it (planning.noise_level)
     position: StepPosition | None = None  # the call's step in its schedule, where the few-step rule needs it
     cache_lists: Any = None  # hooks.step_caches.cache_dit_lists of the denoiser, read as the call began (tome only)
-    generation: Any = None  # a per-generation method's state of this call (methods.tokencache.Generation)
+    generation: Any = None  # a per-generation method's state of this call (one of its generations' slots)
 
 
 class _Anchor(torch.autograd.Function):
@@ -264,13 +264,11 @@ class PatchState:
         return found
 
     def generations(self) -> Any:
-        """This thread's generations of a per-generation method (methods.tokencache.Generations), started afresh when
-        the options change; dropped with the patch."""
-        from ..methods.tokencache import Generations
-
+        """This thread's generations of a per-generation method (the store its ``new_generations`` makes), started
+        afresh when the options change; dropped with the patch."""
         found = getattr(self._local, "generations", None)
         if found is None or found[0] != self.epoch:
-            found = self._local.generations = (self.epoch, Generations())
+            found = self._local.generations = (self.epoch, self.config.method_of.new_generations())
         return found[1]
 
     def end_generations(self) -> None:

@@ -142,6 +142,12 @@ class Method:
     def validate(self, config: TokenMergeConfig) -> None:
         """Raise where options that each pass their own check contradict one another."""
 
+    def new_generations(self) -> Any:
+        """A new store of one thread's generations (methods with ``per_generation``): ``begin_call(config, x,
+        timestep, noise, marker, final)`` gives a call's generation, ``end(generation)`` and ``clear()`` free them,
+        ``nbytes`` counts what they hold. The front ends keep one per thread and patch."""
+        raise NotImplementedError(f"method {self.name!r} keeps no state across calls")
+
     def begin(self, config: TokenMergeConfig, generation: Any) -> None:
         """A call of a generation begins (methods with ``per_generation``)."""
 

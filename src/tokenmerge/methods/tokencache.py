@@ -343,6 +343,9 @@ class TokenCache(Method):
                 "cache_dtype at its default with memory='low', or set memory='default'"
             )
 
+    def new_generations(self) -> Generations:
+        return Generations()
+
     def begin(self, config: TokenMergeConfig, generation: Generation) -> None:
         """A call of the generation begins: is it a full step? (The step count advances past the calls whose blocks
         ran: a step that a step cache skipped neither advances nor records anything.)"""

@@ -53,7 +53,7 @@ class DitCall:
     noise: float | None = None
     timestep: Any = None
     position: StepPosition | None = None
-    generation: Any = None  # a per-generation method's state of this call (methods.tokencache.Generation)
+    generation: Any = None  # a per-generation method's state of this call (one of its generations' slots)
 
 
 def latent_shape(x: torch.Tensor, kwargs: dict[str, Any]) -> tuple[int, ...]:
@@ -122,12 +122,10 @@ class DitPatch(SharedPatch):
         return self.generations().begin_call(self.config, x, values, noise)
 
     def generations(self) -> Any:
-        """This thread's generations of a per-generation method (:class:`tokenmerge.methods.tokencache.Generations`)."""
-        from ...methods.tokencache import Generations
-
+        """This thread's generations of a per-generation method (the store its ``new_generations`` makes)."""
         found = getattr(self._local, "generations", None)
         if found is None:
-            found = self._local.generations = Generations()
+            found = self._local.generations = self.config.method_of.new_generations()
         return found
 
     def sampling(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
