@@ -113,6 +113,7 @@ class FillKeysValues(KeyValueMode):
         self.span, self.site = span, site
         self.length = layout.total - span.num_tokens + span.num_kept  # the gathered sequence's length
 
+    @torch.compiler.disable  # (the cache is Python state: outside compiled code, as the stateful hooks)
     def reduce(self, key: torch.Tensor, value: torch.Tensor, mask: Any) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
         if key.shape[-2] != self.length or (mask is not None and not isinstance(mask, torch.Tensor)):
             return None

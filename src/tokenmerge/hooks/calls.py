@@ -50,12 +50,12 @@ _BEGIN_CALLS: weakref.WeakValueDictionary[int, BeginCall] = weakref.WeakValueDic
 
 
 @torch._dynamo.assume_constant_result
-def _traced(key: int, what: str = "noise gate") -> bool:
-    """Run by dynamo once, when it traces a call of a patched denoiser (or block) inside a compiled graph (never in
-    eager): says what cannot act there."""
+def _traced(key: int) -> bool:
+    """Run by dynamo once, when it traces a call of a patched denoiser inside a compiled graph (never in eager): says
+    that the noise gate cannot act there."""
     hook = _BEGIN_CALLS.get(key)
     if hook is not None:
-        hook.notice_compiled(what)
+        hook.notice_compiled()
     return True
 
 
@@ -67,12 +67,10 @@ class BeginCall:
         self.timestep = patch.layout.timestep_reader()
         self.scale = get_family(patch.layout.family).timesteps
         _BEGIN_CALLS[id(self)] = self
-        patch.begin_key = id(self)  # for the blocks' hooks inside a compiled graph (_traced)
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # a copy (deepcopy, pickle) of a patched model
         self.__dict__.update(state)
         _BEGIN_CALLS[id(self)] = self
-        self.patch.begin_key = id(self)
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         patch = self.patch
@@ -102,11 +100,8 @@ class BeginCall:
         position = self._position(noise, config)
         self._notice_gate(config, noise, position)
         call = CallState(config, t, step, split=context_split(patch.layout.root), noise=noise, position=position)
-        if config.method_of.per_generation and not config.is_identity:
-            if torch.compiler.is_compiling():
-                _traced(id(self), "generation")  # runs once, when the graph is traced
-            else:
-                call.generation = self._generation(config, x, values)
+        if config.method_of.per_generation and not config.is_identity:  # (its hooks run eagerly: PatchState.bind_hooks)
+            call.generation = self._generation(config, x, values)
         if patch.routes_dispatch and not torch.compiler.is_compiling():
             dispatch.ensure_wrapped()  # once per call: backends registered (cache-dit) after the patch get the route too
         patch.push(call)
@@ -192,19 +187,9 @@ class BeginCall:
             patch.notice("few steps", few_step_notice(config, position, "the pipeline's scheduler" if position.known else "its calls"))
         return position
 
-    def notice_compiled(self, what: str) -> None:
-        """Under torch.compile of the whole denoiser the timestep is not read: every step is reduced; a method that keeps
-        state across a generation's calls does not act in compiled code (said once)."""
+    def notice_compiled(self) -> None:
+        """Under torch.compile of the whole denoiser the timestep is not read: every step is reduced (said once)."""
         config = self.patch.config
-        if what == "generation":
-            self.patch.notice(
-                "compiled generation",
-                f"method={config.method!r} does not act inside torch.compile yet: its caches are Python state that changes "
-                "at every step, on which a compiled graph would be specialised (a recompilation per step and block). The "
-                "compiled code runs unchanged, as the unpatched model. Run the token cache without compiling, or compile "
-                "with method='tome', 'todo' or 'auto'",
-            )
-            return
         self.patch.notice(
             "compiled noise gate",
             f"the whole model is compiled, where the call's timestep cannot be read: max_noise={config.noise_limit:g} cannot "
@@ -318,10 +303,6 @@ class PlanBlock:
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         patch, info = self.patch, self.info
         call = patch.current()
-        if call is not None and torch.compiler.is_compiling() and call.config.method_of.per_generation and not call.config.is_identity:
-            _traced(patch.begin_key, "generation")  # a compiled block (compile_repeated_blocks): said once, when traced
-            call.running = BlockCall(IDLE, info=info)  # (its input unread: no guard on its shape)
-            return None
         x = info.input(args, kwargs)
         if not torch.compiler.is_compiling() and in_backward():
             if call is not None and call.recomputing and info.index in call.blocks:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..config import TokenMergeConfig
@@ -19,7 +21,13 @@ STATE_ATTR = "_tokenmerge_state"
 
 def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
     patch = PatchState(config, layout)
-    add = patch.handles.append
+
+    def add(handle: Any) -> None:
+        patch.handles.append(handle)
+        hooks = handle.hooks_dict_ref()
+        if hooks is not None and handle.id in hooks:
+            patch.hooks[handle.id] = hooks[handle.id]
+
     root = layout.root
     add(root.register_forward_pre_hook(BeginCall(patch), with_kwargs=True))
     for c, container in enumerate(layout.containers):
@@ -65,6 +73,7 @@ def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
         dispatch.acquire()
         patch.routes_dispatch = True
     setattr(root, STATE_ATTR, patch)
+    patch.bind_hooks()
     return patch
 
 

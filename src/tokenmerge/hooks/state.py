@@ -142,6 +142,7 @@ class PatchState:
         self.layout = layout  # families.DenoiserLayout
         self.blocks: list[BlockInfo] = []
         self.handles: list[RemovableHandle] = []
+        self.hooks: dict[int, Any] = {}  # handle id -> the hook object (registered as it is, or not traced: bind_hooks)
         self.wrapped: list[tuple[torch.nn.Module, str]] = []  # (module, attribute) of removable wrappers
         self.routes_dispatch = False  # holds the diffusers dispatch route (hooks.dispatch) while installed
         self.idle_noticed = -1  # the options epoch in which a method said it left every block whole
@@ -152,7 +153,6 @@ class PatchState:
         self.epoch = 0
         self.__setstate__({})
         self.pipeline: Any = None  # a weak reference to the diffusers pipeline patched with it (its scheduler's steps)
-        self.begin_key = -1  # its denoiser's BeginCall hook, by id (what compiled code says through hooks.calls._traced)
 
     # -- options ---------------------------------------------------------------------------------------
 
@@ -165,8 +165,24 @@ class PatchState:
 
     def set_config(self, config: TokenMergeConfig) -> None:
         """New options for the calls that begin from now on; cached matchings are dropped."""
+        stateful = self.config.method_of.per_generation
         self.config = config
         self.epoch += 1
+        if config.method_of.per_generation != stateful:
+            self.bind_hooks()
+
+    def bind_hooks(self) -> None:
+        """Register each hook as itself, or, for a method that keeps state across a generation's calls (the token
+        cache: its caches change at every step, and a graph that read them would be specialised on them), as a
+        function ``torch.compile`` does not trace: under compilation each such hook is a graph break and runs
+        eagerly, and the compiled pieces between them see tensors only (a full step's tokens, or a cached step's
+        fewer). At install and whenever the options change the method's kind."""
+        stateful = self.config.method_of.per_generation
+        for handle in self.handles:
+            hooks = handle.hooks_dict_ref()
+            hook = self.hooks.get(handle.id)
+            if hooks is not None and hook is not None and handle.id in hooks:
+                hooks[handle.id] = torch.compiler.disable(hook.__call__) if stateful else hook
 
     # -- the calling thread's calls ----------------------------------------------------------------------
     def _stack(self) -> list[CallState]:
