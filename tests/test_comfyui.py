@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tokenmerge.algorithms import TokenGrid
-from tokenmerge.integrations.comfyui import TokenMergeNode, token_grid, top_attention_level
+from tokenmerge.integrations.comfyui import REQUIRED, TokenMergeNode, token_grid, top_attention_level
 from tokenmerge.tools.comfy_models import build_comfy_patcher, comfy_run
 
 
@@ -116,20 +116,7 @@ def test_node_options_validate_with_clear_errors(sd15, kwargs, error, match):
 def test_node_declares_its_inputs():
     inputs = TokenMergeNode.INPUT_TYPES()["required"]
     assert inputs["model"] == ("MODEL",)
-    assert set(inputs) == {
-        "model",
-        "ratio",
-        "max_downsample",
-        "sx",
-        "sy",
-        "use_rand",
-        "seed",
-        "merge_crossattn",
-        "method",
-        "kv_factor",
-        "kv_interpolation",
-        "max_noise",
-    }
+    assert set(inputs) == {"model", *REQUIRED}  # (their order: tests/test_options.py)
     assert inputs["method"][0] == ["tome", "todo", "auto", "tokencache"]  # choices, not free text; the methods that run here
     # the other options are optional inputs: a workflow saved before them loads with their defaults (tests/test_options.py)
     assert list(TokenMergeNode.INPUT_TYPES()["optional"])[:5] == ["recompute", "refresh_every", "full_steps", "cache_dtype", "memory"]

@@ -85,12 +85,24 @@ CACHE_CUT = "tokencache,full_steps=3,refresh_every=9"
 STEPS = 5
 
 
+def _generation(
+    name: str,
+    specs: tuple[str, ...],
+    frames: int | None = None,
+    orders: tuple[bool, ...] = (False,),
+    config: dict | None = None,
+    engine: str = "diffusers",
+    size: tuple[int, int] = (32, 32),
+) -> dict:
+    """Rank 0's rows of a generation of STEPS calls of ``name`` (a 32x32 latent) under context parallelism."""
+    return _rows(run_ranks(compare_family, name, *size, specs, frames, orders, 0, True, None, config, engine, STEPS, timeout=300))
+
+
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f[0] for f in FAMILIES])
 def cached(request) -> tuple[str, dict]:
     name, h, w, frames = request.param
     orders = (False, True) if name in ("flux", "wan") else (False,)
-    result = run_ranks(compare_family, name, h, w, (CACHE, CACHE_CUT), frames, orders, 0, True, None, None, "diffusers", STEPS, timeout=300)
-    return name, _rows(result)
+    return name, _generation(name, (CACHE, CACHE_CUT), frames=frames, orders=orders, size=(h, w))
 
 
 def test_token_cache_under_ulysses_is_one_process_where_the_windows_fit_the_parts(cached):
@@ -123,24 +135,7 @@ def test_ring_attention_runs_key_value_downsampling_and_the_token_cache_as_one_p
     # diffusers' own ring attention (all-gathered keys/values, partial results merged by their log-sum-exp) on
     # two gloo ranks: todo's reduced keys and the token cache's filled keys are each rank's own, of equal length.
     ring = {"ring_degree": 2}
-    rows = _rows(
-        run_ranks(
-            compare_family,
-            name,
-            32,
-            32,
-            ("todo:2", CACHE, "tome:0.5"),
-            frames,
-            (False,),
-            0,
-            True,
-            None,
-            ring,
-            "diffusers",
-            STEPS,
-            timeout=300,
-        )
-    )
+    rows = _generation(name, ("todo:2", CACHE, "tome:0.5"), frames=frames, config=ring)
     assert rows[("vanilla", False)]["rel_l2_single"] < 1e-5
     for spec in ("todo:2", CACHE):
         row = rows[(spec, False)]
@@ -153,9 +148,7 @@ def test_ring_attention_runs_key_value_downsampling_and_the_token_cache_as_one_p
 def test_token_cache_under_ulysses_anything_mid_row():
     # 15 rows of 16 over 2 ranks (the second part starting mid-row): the cache acts on each rank's own tokens.
     anything = {"ulysses_degree": 2, "ulysses_anything": True}
-    rows = _rows(
-        run_ranks(compare_family, "flux", 30, 32, (CACHE,), None, (False,), 0, True, None, anything, "diffusers", STEPS, timeout=300)
-    )
+    rows = _generation("flux", (CACHE,), config=anything, size=(30, 32))
     row = rows[(CACHE, False)]
     assert row["rel_l2_single"] < 1e-5 and row["rel_l2_vanilla"] > 1e-4 and row["warnings"] == []
 
@@ -167,23 +160,7 @@ def test_cache_dits_own_context_parallel_engine(name, frames):
     # reads its split alike and wraps the functions of both registries, patched before or after.
     pytest.importorskip("cache_dit")
     # A generation of STEPS calls, so that the token cache acts too (per-rank caches, as under diffusers' engine).
-    result = run_ranks(
-        compare_family,
-        name,
-        32,
-        32,
-        ("todo:2", CACHE, "tome:0.5"),
-        frames,
-        (False, True),
-        0,
-        True,
-        None,
-        None,
-        "cache-dit",
-        STEPS,
-        timeout=300,
-    )
-    rows = _rows(result)
+    rows = _generation(name, ("todo:2", CACHE, "tome:0.5"), frames=frames, orders=(False, True), engine="cache-dit")
     for patch_first in (False, True):
         assert rows[("vanilla", patch_first)]["rel_l2_single"] < 1e-5
         for spec in ("todo:2", CACHE):

@@ -1,5 +1,5 @@
 """The prepared GPU run (``tokenmerge gpu-run``), checked on the CPU at tiny sizes: every model, variant and
-compilation runs, is timed, and what tokenmerge says is recorded (the token cache under compile says it does not act)."""
+compilation runs, is timed, and what tokenmerge says is recorded (the token cache, eager or compiled, says nothing)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,5 @@ def test_the_gpu_run_runs_every_variant_at_a_tiny_size(tmp_path, capsys):
     rows = {(r["model"], r["variant"], r["compiled"]): r for r in found["rows"]}
     assert set(rows) == {(m, v, c) for m in ("flux", "wan") for v in VARIANTS for c in (False, True)}
     assert all(r["seconds"] > 0 and r["peak_bytes"] is None and r["syncs_per_step"] is None for r in rows.values())
-    assert any("does not act inside torch.compile" in said for said in rows[("flux", "tokencache", True)]["said"])
-    assert not rows[("flux", "tokencache", False)]["said"]
+    assert not rows[("flux", "tokencache", True)]["said"] and not rows[("flux", "tokencache", False)]["said"]
     assert "wrote" in capsys.readouterr().out

@@ -104,6 +104,33 @@ def test_patched_model_survives_deepcopy_and_torch_save(sd15_small):
         assert _hook_count(clone) == _hook_count(sd15_small)
 
 
+def test_a_token_cache_patch_survives_deepcopy_and_torch_save():
+    # its hooks are registered as objects torch.compile does not trace (hooks.state.Untraced): each copy owns its own
+    from test_tokencache import generation
+
+    from tokenmerge.tools.architectures import build_model, transformer_output
+
+    model = build_model("flux", small=True)
+    calls = generation("flux", batch=1, calls=6)
+    tokenmerge.apply_patch(model, method="tokencache", recompute=0.25, full_steps=1, refresh_every=3)
+
+    def run(m: torch.nn.Module) -> list[torch.Tensor]:
+        with torch.no_grad(), tokenmerge.generation(m):
+            return [transformer_output("flux", m(**c)) for c in calls]
+
+    patched = run(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for clone in (copy.deepcopy(model), torch.load(buffer, weights_only=False)):
+        assert all(torch.equal(a, b) for a, b in zip(run(clone), patched))
+        tokenmerge.update_options(clone, method="tome")  # each clone has its own state
+        assert tokenmerge.get_config(model).method == "tokencache"
+        tokenmerge.remove_patch(clone)
+        assert _hook_count(clone) == 0
+    tokenmerge.remove_patch(model)
+
+
 def test_tomesd_code_runs_unchanged(sd15_small):
     import tokenmerge as tomesd
 

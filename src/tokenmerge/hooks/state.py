@@ -132,6 +132,18 @@ class BlockWarnings:
         self.patch.notice(f"block: {cause}", f"transformer block {self.block}: {message} (said once, for every block it concerns)")
 
 
+class Untraced:
+    """A hook torch.compile does not trace (a graph break that runs it eagerly): a module-level object, so that a
+    patched model still deep-copies (each copy's hooks its own) and pickles."""
+
+    def __init__(self, hook: Any) -> None:
+        self.hook = hook
+
+    @torch.compiler.disable
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.hook(*args, **kwargs)
+
+
 class PatchState:
     """Options and fixed facts of one patched denoiser; per-call facts live on per-thread call stacks."""
 
@@ -182,7 +194,7 @@ class PatchState:
             hooks = handle.hooks_dict_ref()
             hook = self.hooks.get(handle.id)
             if hooks is not None and hook is not None and handle.id in hooks:
-                hooks[handle.id] = torch.compiler.disable(hook.__call__) if stateful else hook
+                hooks[handle.id] = Untraced(hook) if stateful else hook
 
     # -- the calling thread's calls ----------------------------------------------------------------------
     def _stack(self) -> list[CallState]:

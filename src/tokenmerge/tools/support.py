@@ -49,14 +49,20 @@ def readme_block() -> str:
     return f"{BEGIN}\n{matrix()}\n{END}"
 
 
-def write_readme(path: str) -> bool:
-    """Put the current matrix between the markers of the README at ``path``; True if it changed."""
+def write_between(path: str, begin: str, end: str, block: str) -> bool:
+    """Put ``block`` (its own markers included) in place of the text from ``begin`` to ``end`` in the page at
+    ``path``; True if it changed."""
     from pathlib import Path
 
-    readme = Path(path)
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{path} has no support-matrix markers ({BEGIN} ... {END})")
-    updated = text[: text.index(BEGIN)] + readme_block() + text[text.index(END) + len(END) :]
-    readme.write_text(updated)
+    page = Path(path)
+    text = page.read_text()
+    if begin not in text or end not in text:
+        raise ValueError(f"{path} has no markers ({begin} ... {end})")
+    updated = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+    page.write_text(updated)
     return updated != text
+
+
+def write_readme(path: str) -> bool:
+    """Put the current matrix between the markers of the README at ``path``; True if it changed."""
+    return write_between(path, BEGIN, END, readme_block())
