@@ -148,6 +148,13 @@ class Option:
         return None
 
     @property
+    def widget_help(self) -> str:
+        """``help`` with what a widget's None stands for (its word, or 0), as the front ends label it."""
+        if self.none is None or self.kind == "seed":  # (a seed's None is 0 itself)
+            return self.help
+        return f"{self.help} ({self.words[0] if self.words else 0}: {self.none})"
+
+    @property
     def widget_default(self) -> Any:
         """The default as the widget shows it (None: its word, or 0 for a number)."""
         if self.words is not None:

@@ -48,9 +48,7 @@ WEBUI_DEFAULTS = {"use_rand": False}
 def setting(name: str) -> Setting:
     """The webui setting for option ``name``, made from its declaration (:mod:`tokenmerge.options`)."""
     option, owner = OPTIONS[name], OWNERS[name]
-    label = f"Token merging{f' ({owner})' if owner else ''}: {option.help}"
-    if option.none is not None and option.kind != "seed":  # (a seed's None is 0)
-        label += f" ({option.words[0] if option.words else 0}: {option.none})"
+    label = f"Token merging{f' ({owner})' if owner else ''}: {option.widget_help}"
     default = WEBUI_DEFAULTS.get(name, option.widget_default)
     if option.words is not None:
         return Setting(

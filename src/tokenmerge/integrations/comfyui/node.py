@@ -42,9 +42,7 @@ def node_input(name: str) -> tuple[Any, dict[str, Any]]:
     """The node's input for option ``name``, made from its declaration (:mod:`tokenmerge.options`)."""
     option = OPTIONS[name]
     owner = OWNERS[name]
-    tooltip = f"method {owner}: {option.help}" if owner else option.help
-    if option.none is not None and option.kind != "seed":  # (a seed's None is 0)
-        tooltip += f" ({option.words[0] if option.words else 0}: {option.none})"
+    tooltip = f"method {owner}: {option.widget_help}" if owner else option.widget_help
     info: dict[str, Any] = {"default": option.widget_default, "tooltip": tooltip}
     if name == "method":
         return list(COMFY_METHODS), info
