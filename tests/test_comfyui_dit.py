@@ -142,6 +142,7 @@ def _worker(checkout: str, custom_nodes: str, models: list[str]) -> dict:
             report["models"][name]["tome"] = _tome_blocks(comfy_dits, node, name, model, found, vanilla)
             report["models"][name]["tokencache"] = _tokencache_blocks(comfy_dits, node, name, model, found)
     report["workflows"] = _tokencache_workflows(comfy_dits, node)
+    report["compiled"] = _compiled(comfy_dits, node)
     report["threads_equal"] = _threads(comfy_dits, node)
     if "z-image" in models:
         report["threads_equal_wrapped"] = _threads(comfy_dits, node, "z-image", method="tome", ratio=0.5)
@@ -378,6 +379,49 @@ def _tokencache_workflows(comfy_dits, node, name: str = "flux", steps: int = 8) 
         "weights_changed_differs": not bool(torch.equal(changed, alone)),
         "fp8_rel_l2": comfy_dits.relative_l2(fp8_cached, fp8_vanilla),
         "fp32_rel_l2": comfy_dits.relative_l2(alone, run(model)),
+    }
+
+
+def _compiled(comfy_dits, node, name: str = "flux", steps: int = 8) -> dict:
+    """ComfyUI's TorchCompileModel node after tokenmerge's (the node's own code, its ``torch.compile`` given the eager
+    backend: inductor's build takes minutes on a CPU): two generations at one size and one at another, within four
+    compilations per code object; against the uncompiled patch, and what was said."""
+    import warnings
+
+    import comfy_extras.nodes_torch_compile as compile_node
+    import nodes
+    import torch
+
+    model = comfy_dits.build(name)
+    patched = node.patch(model, **{**CACHE, "cache_dtype": "int8"})[0]
+    positive, negative = comfy_dits.conditioning(name)
+
+    def run(m, size: int = 32, seed: int = 0):
+        with torch.inference_mode():
+            latent = comfy_dits.latent(name, size, size)
+            return nodes.common_ksampler(m, seed, steps, 2.0, "euler", "simple", positive, negative, latent)[0]["samples"]
+
+    eager = [run(patched), run(patched, seed=1), run(patched, size=48)]
+    real = compile_node.set_torch_compile_wrapper
+    compile_node.set_torch_compile_wrapper = lambda **kwargs: real(**{**kwargs, "backend": "eager"})
+    try:
+        output = compile_node.TorchCompileModel.execute(patched, "inductor")
+    finally:
+        compile_node.set_torch_compile_wrapper = real
+    compiled = output.result[0] if hasattr(output, "result") else output[0]
+    config = torch._dynamo.config
+    limit, config.recompile_limit, config.fail_on_recompile_limit_hit = config.recompile_limit, 4, True
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            runs = [run(compiled), run(compiled, seed=1), run(compiled, size=48)]
+    finally:
+        config.recompile_limit, config.fail_on_recompile_limit_hit = limit, False
+        torch._dynamo.reset()
+    return {
+        "rel_l2": [comfy_dits.relative_l2(a, b) for a, b in zip(runs, eager)],
+        "acts": comfy_dits.relative_l2(eager[0], run(model)),
+        "said": [str(w.message) for w in caught if "tokenmerge" in str(w.message)],
     }
 
 
@@ -658,6 +702,16 @@ def test_tokencache_through_the_samplers_and_chains_people_use(comfyui):
     assert found["split_equal"] and found["batch_rel"] < 1e-4
     assert found["weights_changed_equal"] and found["weights_changed_differs"]
     assert 1e-5 < found["fp8_rel_l2"] <= 2 * found["fp32_rel_l2"] + 0.02, found
+
+
+@each_version
+def test_tokencache_after_comfyuis_torchcompilemodel_acts_as_uncompiled(comfyui):
+    """TorchCompileModel after the tokenmerge node: its graphs keep no guards on transformer_options, so the blocks
+    (which read and write the cache at every step) run outside them, said once; the outputs equal the uncompiled
+    patch's over two generations and two sizes, within four compilations per code object."""
+    found = comfyui["compiled"]
+    assert found["acts"] > 1e-4 and all(rel < 1e-4 for rel in found["rel_l2"]), found
+    assert len(found["said"]) == 1 and "TorchCompileModel" in found["said"][0], found["said"]
 
 
 @each_version

@@ -4,11 +4,21 @@ rank's part of a sequence split across ranks (``shards``)."""
 
 from .downsample import downsample_keys, downsample_mask_columns, downsample_tokens, kept_columns, nearest_indices, reduce_keys_values
 from .grid import Segment, TokenGrid, TokenLayout
-from .merge import MergePlan, TokenSpan, batch_metric, best_destinations, bipartite_soft_matching, grid_partition
+from .merge import (
+    AROUND_BLOCK,
+    MergePlan,
+    TokenSpan,
+    batch_metric,
+    best_destinations,
+    bipartite_soft_matching,
+    grid_partition,
+    restore_residual,
+)
 from .randomness import fold_seed, hash32, hash_ints, random_offsets, timestep_keys
 from .shards import Shard, box_of, chunk_bounds, shard_layout
 
 __all__ = [
+    "AROUND_BLOCK",
     "MergePlan",
     "Segment",
     "Shard",
@@ -31,6 +41,7 @@ __all__ = [
     "nearest_indices",
     "random_offsets",
     "reduce_keys_values",
+    "restore_residual",
     "shard_layout",
     "timestep_keys",
 ]

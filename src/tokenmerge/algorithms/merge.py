@@ -86,6 +86,26 @@ class TokenSpan(Protocol):
     def rows(self, start: int, stop: int) -> TokenSpan | None: ...
 
 
+# The ``span`` a plan around a whole block keeps its state under (a span's is its index in the block).
+AROUND_BLOCK = -1
+
+
+def restore_residual(plan: TokenSpan, start: int, x: torch.Tensor, gathered: torch.Tensor, y: torch.Tensor, span: int = 0) -> torch.Tensor:
+    """Every token's output of a stretch (a whole block) that ran on ``plan``'s tokens: ``x`` (B, S, C) its input,
+    its image segment from ``start`` on, ``gathered`` (B, K, C) the image tokens as they went in, ``y`` (B, S - N + K,
+    C) its output. Each image token is its input plus the residual the plan scatters to it (a merged token's, the
+    residual its destination got); the other tokens of ``y`` in place."""
+    n, k = plan.num_tokens, plan.num_kept
+    residual = plan.scatter(y[:, start : start + k] - gathered, span)
+    if start == 0 and k == y.shape[1]:
+        return x + residual
+    out = y.new_empty(y.shape[0], y.shape[1] - k + n, y.shape[2])  # written once (a sum and a concatenation copy twice)
+    out[:, :start] = y[:, :start]
+    torch.add(x[:, start : start + n], residual, out=out[:, start : start + n])
+    out[:, start + n :] = y[:, start + k :]
+    return out
+
+
 @dataclass
 class MergePlan:
     """How one block's tokens are merged: (B, N, C) -> (B, N - r, C) and back.

@@ -118,9 +118,24 @@ class KeyValueSite:
     projections: tuple[torch.nn.Module, ...] = ()
 
 
+@dataclass(frozen=True)
+class BlockOutput:
+    """Declares that a block may run on a part of its input stream's image tokens alone (positions follow at its
+    attentions; ``per_token``: the arguments that may have a row per token, which a gather at its entry cannot follow:
+    where one has, the block keeps its spans), its output holding them at element ``index`` of the tuple it returns
+    (None: the output is them). Where declared, a token
+    cache keeps one residual per block (its output less its input) instead of each span's output: declared where that
+    was measured to keep the quality of span outputs (Wan's three spans; on the Flux-style reference model, whose
+    two spans are gated by the current step's modulation, it cost 3 dB)."""
+
+    index: int | None = None
+    per_token: tuple[str, ...] = ()
+
+
 @dataclass
 class BlockLayout:
-    """One transformer block: its spans and key/value sites, and how to read its input."""
+    """One transformer block: its spans and key/value sites, how to read its input, and (``output``) whether it may
+    run on gathered tokens as a whole."""
 
     module: torch.nn.Module
     spans: list[Span] = field(default_factory=list)
@@ -129,6 +144,7 @@ class BlockLayout:
     input_stream: str = "image"
     recompute_method: str | None = None  # ldm/sgm: the method their own checkpoint re-runs in backward
     kind: str = ""  # for describe(): "BasicTransformerBlock", "JointTransformerBlock", ...
+    output: BlockOutput | None = None
 
 
 @dataclass
@@ -423,11 +439,13 @@ def self_cross_block(
     names: tuple[str, str, str] = ("attn1", "attn2", "ffn"),
     follows: tuple[Follow, ...] = (),
     input_name: str = "hidden_states",
+    output: BlockOutput | None = None,
 ) -> BlockLayout:
     """A DiT block of self-attention, cross-attention to the text and MLP on the image tokens alone, with positions
     applied inside the self-attention (Wan's rotary ``(cos, sin)``): each sub-layer a merged span of its own, the
     self-attention's ``follows`` gathered with the merge, its keys and values reduced at the attention call (after
-    the rotary embedding). ``input_name``: the block argument the tokens are matched on."""
+    the rotary embedding). ``input_name``: the block argument the tokens are matched on; ``output``: see
+    :class:`BlockOutput`."""
     spans = []
     for name, option in zip(names, ("merge_attn", "merge_crossattn", "merge_mlp")):
         sub = _module(block, name)
@@ -435,7 +453,7 @@ def self_cross_block(
             bound = tuple((sub, f) for f in follows) if option == "merge_attn" else ()
             spans.append(Span(option, sub, sub, follows=bound, name=name))
     kv = [KeyValueSite(_module(block, names[0]), stream="image")]
-    return BlockLayout(block, spans, kv, input_name=input_name, kind=type(block).__name__)
+    return BlockLayout(block, spans, kv, input_name=input_name, kind=type(block).__name__, output=output)
 
 
 def _module(block: torch.nn.Module, name: str | None) -> torch.nn.Module | None:
@@ -524,13 +542,7 @@ def fused_parallel_block(
 
 def _single_span_block(block: torch.nn.Module, span: Span, attn: torch.nn.Module, input_stream: str) -> BlockLayout:
     """A single-stream block: one merged span over the joint sequence, its attention's keys and values reducible."""
-    return BlockLayout(
-        block,
-        [span],
-        [KeyValueSite(attn, stream="joint")],
-        input_stream=input_stream,
-        kind=type(block).__name__,
-    )
+    return BlockLayout(block, [span], [KeyValueSite(attn, stream="joint")], input_stream=input_stream, kind=type(block).__name__)
 
 
 def containers_in(

@@ -29,6 +29,7 @@ import torch
 from . import Family
 from .base import (
     Argument,
+    BlockOutput,
     ComfyBlocks,
     ComfyModel,
     Container,
@@ -41,18 +42,20 @@ from .base import (
 )
 
 ROTARY = Follow("rotary_emb", dim=1, stream="image")
+OUTPUT = BlockOutput(per_token=("temb",))  # Wan 2.2 TI2V's per-token modulation: (B, N, 6, C)
 
 
-def _blocks(module: torch.nn.Module, name: str, input_name: str) -> list:
+def _blocks(module: torch.nn.Module, name: str, input_name: str, output: BlockOutput | None) -> list:
     return [
-        self_cross_block(b, follows=(ROTARY,), input_name=input_name)
+        self_cross_block(b, follows=(ROTARY,), input_name=input_name, output=output)
         for b in getattr(module, name, None) or []
         if isinstance(getattr(b, "attn1", None), torch.nn.Module)
     ]
 
 
 def layout(module: torch.nn.Module) -> DenoiserLayout | None:
-    blocks = _blocks(module, "vace_blocks", "control_hidden_states") + _blocks(module, "blocks", "hidden_states")
+    # a VACE block also takes the video tokens beside its control tokens: its spans only
+    blocks = _blocks(module, "vace_blocks", "control_hidden_states", None) + _blocks(module, "blocks", "hidden_states", OUTPUT)
     if not blocks:
         return None
     patch = tuple(module.config.patch_size)

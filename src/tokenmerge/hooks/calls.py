@@ -321,25 +321,28 @@ class PlanBlock:
         if call is None:  # the block runs outside a call of its denoiser (called directly): leave it alone
             return None
         layout = call.containers[-1] if call.containers else None
-        block = call.running = BlockCall(self._decide(x, call, info, layout, module), layout, info=info)
+        block = call.running = BlockCall(self._decide(x, call, info, layout, module, args, kwargs), layout, info=info)
         if not torch.compiler.is_compiling():  # (a compiled graph holds no recomputation to replay)
             call.blocks[info.index] = block
         if call.recomputing or not isinstance(x, torch.Tensor) or not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None
         # A checkpointed block may be recomputed in backward: find this call again by the block's input.
         if x.requires_grad and not block.action.idle:
-            return self._replace_input(args, kwargs, info, patch.anchor(x, call))
+            return self.replace_input(args, kwargs, info, patch.anchor(x, call))
         patch.record(x, call)
         return None
 
     @staticmethod
-    def _replace_input(args: tuple, kwargs: dict[str, Any], info: Any, x: torch.Tensor):
+    def replace_input(args: tuple, kwargs: dict[str, Any], info: Any, x: torch.Tensor):
+        """(args, kwargs) with the block's input (``info.input``) replaced by ``x``."""
         if info.input.name in kwargs:
             return args, {**kwargs, info.input.name: x}
         position = info.input.position
         return (*args[:position], x, *args[position + 1 :]), kwargs
 
-    def _decide(self, x: Any, call: CallState, info: Any, layout: TokenLayout | None, module: torch.nn.Module):
+    def _decide(
+        self, x: Any, call: CallState, info: Any, layout: TokenLayout | None, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]
+    ):
         config = call.config
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or layout is None:
             quiet = layout is None and info.container in call.declined
@@ -385,6 +388,7 @@ class PlanBlock:
             spans=len(info.layout.spans),
             cached_sites=tuple(k for k, site in enumerate(info.layout.kv_sites) if not keyword_route(site)),
             generation=call.generation,
+            around_block=_around_block(info, x, args, kwargs),
         )
         action = decide(config, facts)
         for topic, message in facts.notes:
@@ -398,6 +402,22 @@ class PlanBlock:
         """Which step cache decides by this block's output, if any (read from the model's hooks and cache-dit)."""
         lists = None if torch.compiler.is_compiling() else call.cache_lists
         return deciding_cache(self.patch.layout.root, module, info.index, lists)
+
+
+def _around_block(info: BlockInfo, x: torch.Tensor, args: tuple, kwargs: dict[str, Any]) -> str | None:
+    """Why the block cannot run whole on a gathered part of its image tokens (None: it can; see
+    :class:`tokenmerge.families.base.BlockOutput`)."""
+    if info.layout.output is None:
+        return "its family runs it span by span"
+    if any(keyword_route(site) for site in info.layout.kv_sites):
+        return "its self-attention projects every token's keys from its input"
+    if torch.is_grad_enabled() and x.requires_grad:
+        return "its input requires grad (a checkpointed block replays its spans)"
+    for argument in info.per_token:
+        t = argument(args, kwargs)
+        if isinstance(t, torch.Tensor) and t.ndim >= 3 and t.shape[1] in (x.shape[1], info.input(args, kwargs).shape[1]):
+            return f"its {argument.name} has a row per token"
+    return None
 
 
 class EndBlock:

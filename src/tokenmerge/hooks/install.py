@@ -14,7 +14,7 @@ from . import dispatch
 from .attention import CloseKeyValueMode, DownsampleKeysValues, DownsampleProjectionInput
 from .calls import BeginCall, CaptureLayout, EndBlock, EndCall, LeaveContainer, PlanBlock, RecomputeEntry
 from .state import BlockInfo, PatchState
-from .tokens import CloseSampleRows, EnterSpan, EnterSpanOnOutput, FollowMerge, LeaveSpan
+from .tokens import CloseSampleRows, EnterSpan, EnterSpanOnOutput, FollowMerge, GatherBlock, LeaveSpan, RestoreBlock
 
 STATE_ATTR = "_tokenmerge_state"
 
@@ -43,9 +43,13 @@ def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
                     c,
                     Argument(block.module, block.input_name),
                     block,
+                    tuple(Argument(block.module, name) for name in block.output.per_token) if block.output is not None else (),
                 )
             )
             add(block.module.register_forward_pre_hook(PlanBlock(patch, patch.blocks[index]), with_kwargs=True))
+            if block.output is not None:  # (after PlanBlock; RestoreBlock before EndBlock ends the block's call)
+                add(block.module.register_forward_pre_hook(GatherBlock(patch, index), with_kwargs=True))
+                add(block.module.register_forward_hook(RestoreBlock(patch, index), with_kwargs=True))
             add(block.module.register_forward_hook(EndBlock(patch, index), with_kwargs=True, always_call=True))
             if block.recompute_method is not None:
                 setattr(block.module, block.recompute_method, RecomputeEntry(patch, index, block.module, block.recompute_method))

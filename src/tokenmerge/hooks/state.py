@@ -53,6 +53,8 @@ class BlockCall:
     inputs: dict[int, Any] = field(default_factory=dict)  # span index -> its full input, where its attention may need it
     chunk_cursor: int = 0
     info: BlockInfo | None = None  # the block's fixed facts (its spans and sites), for the hooks inside it
+    # around_block: its input stream as it came, its image tokens gathered, the stream's layout (until it returns)
+    around: tuple[torch.Tensor, torch.Tensor, TokenLayout] | None = None
 
     def begin(self) -> None:
         """Start (or restart, when recomputed) the block's execution."""
@@ -118,6 +120,7 @@ class BlockInfo:
     container: int
     input: Any  # families.base.Argument: the block's input tokens (the matching is computed on their image segment)
     layout: Any  # families.BlockLayout
+    per_token: tuple[Any, ...] = ()  # families.base.Argument: its arguments that may have a row per token (BlockOutput)
 
 
 class BlockWarnings:

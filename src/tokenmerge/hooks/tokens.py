@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..algorithms import MergePlan, TokenLayout, TokenSpan
-from .calls import first_tensor, replace_first
+from ..algorithms import AROUND_BLOCK, MergePlan, TokenLayout, TokenSpan, restore_residual
+from .calls import PlanBlock, first_tensor, replace_first
 from .modes import call_through
 from .state import BlockCall, BlockWarnings, PatchState
 from .step_caches import caching_wrappers
@@ -72,7 +72,7 @@ class EnterSpan(_SpanHook):
         self.mask_kwarg = mask_kwarg  # a self-attention mask over the tokens would have to be merged too
 
     def _plan(self, block: BlockCall | None, module: torch.nn.Module) -> MergePlan | None:
-        if block is None or block.action.plan is None:
+        if block is None or block.action.plan is None or block.action.around_block:  # (gathered at the block's entry)
             return None
         span = self.span_of(block)
         config = self.patch.current().config
@@ -171,6 +171,53 @@ class LeaveSpan(_SpanHook):
         return type(output)((*output[: self.index], restored, *output[self.index + 1 :]))
 
 
+class GatherBlock(_SpanHook):
+    """Pre-hook on a block whose action is ``around_block`` (after its :class:`~tokenmerge.hooks.calls.PlanBlock`):
+    the block runs on its input stream with the image tokens the plan keeps; :class:`RestoreBlock` restores them.
+    A block whose input a context-parallel plan splits inside its forward (handed the whole sequence) is handed its
+    rank's gathered tokens once per rank, so that the split gives each rank them (the others' chunks are not read)."""
+
+    def __init__(self, patch: PatchState, block: int) -> None:
+        super().__init__(patch, block, AROUND_BLOCK)
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
+        block = self.block_call()
+        if block is None or not block.action.around_block or block.layout is None:
+            return None
+        x = block.info.input(args, kwargs)
+        stream = block.layout.stream(block.info.layout.input_stream)
+        split = self.patch.current().split
+        whole = split is not None and x.shape[1] != stream.total
+        if whole:
+            x = split.chunk(x)
+        plan, start = block.action.plan, stream.image_start
+        gathered = _gather(plan, x, stream, AROUND_BLOCK)
+        block.around = (x, gathered[:, start : start + plan.num_kept], stream)
+        return PlanBlock.replace_input(args, kwargs, block.info, gathered.repeat(1, split.world, 1) if whole else gathered)
+
+
+class RestoreBlock(_SpanHook):
+    """Forward hook on a block that :class:`GatherBlock` ran on gathered tokens: every token's output, each other image
+    token its input plus the residual the plan gives it (on a step that keeps every token, its residual recorded and
+    the output as it is)."""
+
+    def __init__(self, patch: PatchState, block: int) -> None:
+        super().__init__(patch, block, AROUND_BLOCK)
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any):
+        block = self.block_call()
+        if block is None or block.around is None:
+            return None
+        (x, gathered, stream), block.around = block.around, None
+        plan, start, index = block.action.plan, stream.image_start, block.info.layout.output.index
+        y = output if index is None else output[index]
+        if plan.whole:
+            plan.scatter(y[:, start : start + plan.num_tokens] - gathered, AROUND_BLOCK)
+            return None
+        restored = restore_residual(plan, start, x, gathered, y, AROUND_BLOCK)
+        return restored if index is None else type(output)((*output[:index], restored, *output[index + 1 :]))
+
+
 class SampleRows(TorchFunctionMode):
     """Per-sample rows of the position tables a model shares by the batch, for one attention call whose samples were
     each merged by their own plan.
@@ -265,6 +312,8 @@ class FollowMerge(_SpanHook):
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         block = self.block_call()
         active = None if block is None else block.active.get(self.span)
+        if block is not None and block.around is not None:  # the whole block runs on the gathered tokens
+            active = (block.action.plan, None)
         value = self.argument(args, kwargs)
         if active is None or value is None:
             return None

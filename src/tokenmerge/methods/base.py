@@ -35,7 +35,9 @@ class BlockAction:
     ``kv_grid`` image tokens by ``kv_factors`` (one per grid axis; todo/auto), or nothing. ``kv_keep``: under
     sequence parallelism, the positions of this rank's image tokens whose keys and values are kept (the whole
     grid's selection). ``merged``: tokens a merge takes away (known without a plan, for ``describe()``); ``reason``:
-    why the block runs whole, where it does."""
+    why the block runs whole, where it does; ``around_block``: the plan gathers the block's input and scatters its
+    output (the block runs on the gathered tokens alone, each other token given its input plus the plan's residual)
+    instead of around each span."""
 
     plan: MergePlan | None = None
     kv_grid: TokenGrid | None = None
@@ -43,6 +45,7 @@ class BlockAction:
     kv_keep: torch.Tensor | None = None
     merged: int = 0
     reason: str = ""
+    around_block: bool = False
 
     @property
     def kv_factor(self) -> int:
@@ -98,6 +101,8 @@ class BlockFacts:
     block: int = -1  # the block's index
     spans: int = 0  # how many spans the block has
     cached_sites: tuple[int, ...] = ()  # its attention sites whose keys and values a token cache keeps
+    # why the block cannot run whole on gathered tokens (BlockAction.around_block); None: it can
+    around_block: str | None = "its family runs it span by span"
     generation: Any = None  # the call's generation state (methods with per_generation)
 
 

@@ -1,7 +1,9 @@
 """``method="tokencache"``: token-wise caching across steps (in the spirit of ToCa, ICLR 2025, written from its paper).
 
 Every span of a patched block (an attention, a cross-attention, an MLP, Flux's parallel attention + MLP) keeps, per
-sample and image token, its output at the step that last computed that token. A step computes fully (and records
+sample and image token, its output at the step that last computed that token; a block whose family declares it
+(:class:`tokenmerge.families.base.BlockOutput`: Wan's) runs whole on the recomputed tokens and keeps one residual per
+token instead (its output less its input), each other token its input plus that residual. A step computes fully (and records
 every output) in a generation's first ``full_steps`` steps and every ``refresh_every``-th step after them; the steps
 between recompute a fraction ``recompute`` of each sample's image tokens and give the others their cached outputs.
 Which tokens: the token grid (row-major) is cut into windows of ``round(1 / recompute)`` tokens and each window
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..algorithms import Shard, TokenGrid
+from ..algorithms import AROUND_BLOCK, Shard, TokenGrid
 from ..algorithms.stores import CACHE_DTYPES, RowStore, store
 from ..options import Option
 from .base import BlockAction, BlockFacts, Method, idle
@@ -180,7 +182,8 @@ class SelectSpan:
     def scatter(self, y: torch.Tensor, span: int = 0) -> torch.Tensor:
         key = (self.block, span)
         if self.index is None:
-            self.generation.outputs[key] = store(y, self.generation.cache_dtype)
+            dtype = self.generation.cache_dtype
+            self.generation.outputs[key] = store(y, _residual_dtype(dtype) if span == AROUND_BLOCK else dtype)
             return y
         cache = self.generation.outputs[key]
         cache.thaw()
@@ -247,6 +250,12 @@ def _input_dtype(cache_dtype: str | None) -> str | None:
     """How the block inputs that changes are measured against are kept (one per grid, not per block): as they are,
     int8 where the caches are int4 (a change is a difference of a few percent, which int4's steps would hide)."""
     return "int8" if cache_dtype == "int4" else None
+
+
+def _residual_dtype(cache_dtype: str | None) -> str | None:
+    """How a block's residual is kept: as the spans' outputs, but int8 where they are int4 (a residual is their sum,
+    whose outlier channels int4's steps would spread over the others: measured 6 dB below int8 on the video model)."""
+    return "int8" if cache_dtype == "int4" else cache_dtype
 
 
 def _writable(t: torch.Tensor) -> bool:
@@ -366,17 +375,20 @@ class TokenCache(Method):
         if generation.full and generation.final:  # its schedule's last step: nothing would read what it records
             return idle("the generation's last step, computed whole")
         whole = SelectSpan(generation, facts.block, None, grid.numel)
+        around = facts.around_block is None  # its family measured one residual per block as good as its spans' outputs
         if grid.shape not in generation.selections:  # the call's first block on this grid: choose its tokens
             generation.selections[grid.shape] = self._choose(config, generation, grid, facts.tokens().detach(), facts.shard)
         selection = generation.selections[grid.shape]
         if selection is None:
-            return BlockAction(plan=whole)
-        recorded = all((facts.block, s) in generation.outputs for s in range(facts.spans)) and all(
+            return BlockAction(plan=whole, around_block=around)
+        spans = (AROUND_BLOCK,) if around else range(facts.spans)
+        recorded = all((facts.block, s) in generation.outputs for s in spans) and all(
             (facts.block, s) in generation.keys for s in facts.cached_sites
         )
         if not recorded:  # not recorded on the last full step (gated, left whole there): compute it whole, record it
-            return BlockAction(plan=whole)
-        return BlockAction(plan=SelectSpan(generation, facts.block, selection, grid.numel), merged=grid.numel - selection.shape[1])
+            return BlockAction(plan=whole, around_block=around)
+        plan = SelectSpan(generation, facts.block, selection, grid.numel)
+        return BlockAction(plan=plan, merged=grid.numel - selection.shape[1], around_block=around)
 
     @staticmethod
     def _choose(
@@ -425,14 +437,14 @@ class TokenCache(Method):
         blocks = len({block for g in used for block in g.block_bytes() if block is not None})
         total = sum(g.nbytes for g in used)
         mib = 2**20
-        outputs = sum(t.nbytes for g in used for t in g.outputs.values()) / mib
+        outputs = sum(t.nbytes for g in used for t in g.outputs.values()) / mib  # span outputs or block residuals
         keys = sum(k.nbytes + v.nbytes for g in used for k, v, _ in g.keys.values()) / mib
         inputs = total / mib - outputs - keys
         device = next(iter(used[0].outputs.values())).device
         kept = used[0].cache_dtype or "the model's dtype"
         return (
             f"{total / mib:.1f} MiB held in this thread on {device} ({len(used)} guidance slot(s), batch {used[0].key[0]}): "
-            f"span outputs {outputs:.1f} MiB and keys and values {keys:.1f} MiB as {kept}, block inputs {inputs:.1f} MiB; "
+            f"span outputs (or block residuals) {outputs:.1f} MiB and keys and values {keys:.1f} MiB as {kept}, block inputs {inputs:.1f} MiB; "
             f"{sum(per_block) / max(1, blocks) / mib:.2f} MiB per block on average; freed when the generation ends or by remove_patch"
         )
 

@@ -337,6 +337,16 @@ def _options(args: argparse.Namespace) -> int:
     return 0
 
 
+def _memory(args: argparse.Namespace) -> int:
+    from .memory import table, write_docs
+
+    if args.write_docs:
+        print(f"{args.write_docs}: {'updated' if write_docs(args.write_docs) else 'already current'}")
+        return 0
+    print(table())
+    return 0
+
+
 def _frontier(args: argparse.Namespace) -> int:
     from .evaluate import save_work_frontier
     from .specs import PatchSpec
@@ -546,6 +556,13 @@ def build_parser() -> argparse.ArgumentParser:
     options = commands.add_parser("options", help="print every option: its method, default, accepted values and what it does")
     options.add_argument("--write-docs", metavar="PAGE", help="replace the table between the page's markers instead of printing")
     options.set_defaults(func=_options)
+    memory = commands.add_parser(
+        "memory",
+        help="print what the token cache holds for each family's published model at its default size (default and "
+        "memory='low'), measured on its first blocks at full width",
+    )
+    memory.add_argument("--write-docs", metavar="PAGE", help="replace the table between the page's markers instead of printing")
+    memory.set_defaults(func=_memory)
     frontier = commands.add_parser(
         "frontier",
         help="plot PSNR against the work saved from the JSON files of `tokenmerge eval --json` (needs matplotlib)",

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ...algorithms import MergePlan
+from ...algorithms import MergePlan, restore_residual
 from ...config import TokenMergeConfig
 from ...families import ComfyModel
 from ...families.base import ComfyBlocks
@@ -70,7 +70,7 @@ class DitBlocks(DitPatch):
             n = plan.num_tokens
             plan.scatter(out["img"][:, start : start + n] - gathered)
             return out
-        return {**out, "img": _restore(plan, start, args["img"], gathered, out["img"])}
+        return {**out, "img": restore_residual(plan, start, args["img"], gathered, out["img"])}
 
     def run_span(self, plan: Any, run: Any, args: dict[str, Any]) -> dict[str, Any]:
         """The block run on the arguments its plan made (:class:`DitCache`: with its attention's keys filled)."""
@@ -186,18 +186,7 @@ def _rotary_rows(pe: torch.Tensor, dim: int, plan: MergePlan, offset: int, n: in
     return torch.cat([pe.narrow(dim, 0, offset), image.gather(dim, index), pe.narrow(dim, offset + n, rest)], dim=dim)
 
 
-def _restore(plan: MergePlan, start: int, x: torch.Tensor, gathered: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Every token's block output from the merged block's ``y``: each image token is its input plus the residual its
-    destination's merged token got (``gathered``: the merged tokens as they went in); the rest of ``y`` in place."""
-    n, k = plan.num_tokens, plan.num_kept
-    residual = plan.scatter(y[:, start : start + k] - gathered)
-    if start == 0 and k == y.shape[1]:
-        return x + residual
-    out = y.new_empty(y.shape[0], y.shape[1] - k + n, y.shape[2])  # written once (a sum and a concatenation copy twice)
-    out[:, :start] = y[:, :start]
-    torch.add(x[:, start : start + n], residual, out=out[:, start : start + n])
-    out[:, start + n :] = y[:, start + k :]
-    return out
+COMPILE_KEY = "torch.compile"  # the wrapper key of ComfyUI's TorchCompileModel (comfy_api.torch_helpers)
 
 
 class DitCache(DitBlocks, AttentionOverride):
@@ -211,6 +200,23 @@ class DitCache(DitBlocks, AttentionOverride):
     def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], previous: Any = None, pad: int = 1) -> None:
         super().__init__(config, model, patch, pad)
         self.previous = previous
+
+    # Under ComfyUI's TorchCompileModel, whose graphs keep no guards on transformer_options (where these patches
+    # live), a traced block would keep the cache's state of the step it was traced at: each block runs outside the
+    # compiled graph (UntracedBlockMerge; wrapped layers call this), said once, the model's layers around them compiled.
+    run = torch.compiler.disable(DitBlocks.run)
+
+    def apply_model(self, *args: Any, **kwargs: Any) -> Any:
+        options = args[6] if len(args) > 6 else kwargs.get("transformer_options")  # (executor, x, t, concat, crossattn, control, it)
+        wrappers = options.get("wrappers", {}).get("apply_model", {}) if isinstance(options, dict) else {}
+        if COMPILE_KEY in wrappers and not self.config.is_identity:
+            self._warn(
+                "compiled",
+                "ComfyUI's TorchCompileModel compiles this model: the token cache reads and writes its state at every block, "
+                "so the blocks run outside the compiled graph (eagerly, as without the compile node) and the layers around them compiled",
+                "the cache acts as it does uncompiled",
+            )
+        return super().apply_model(*args, **kwargs)
 
     def run_span(self, plan: Any, run: Any, args: dict[str, Any]) -> dict[str, Any]:
         self._local.span = _Running(plan)
@@ -278,6 +284,13 @@ class BlockMerge:
         return self
 
 
+class UntracedBlockMerge(BlockMerge):
+    """A :class:`BlockMerge` of a method that keeps state across a generation's calls (the token cache): never traced
+    into a compiled graph (one object per block, which a graph guards on where ComfyUI keeps its guards)."""
+
+    __call__ = torch.compiler.disable(BlockMerge.__call__)
+
+
 class LayerMerge:
     """The forward of one layer of a model whose blocks offer no replace patch (NextDiT), set on the layer while a call
     of the patched model runs (:class:`WrappedLayers`): the layer run as a :class:`BlockMerge` runs its block, its
@@ -343,9 +356,10 @@ def add_block_patches(patched: Any, patch: DitBlocks, diffusion_model: Any) -> N
         return
     options = patched.model_options.setdefault("transformer_options", {})
     replace = options.setdefault("patches_replace", {}).setdefault("dit", {})
+    merge = UntracedBlockMerge if patch.config.method_of.per_generation else BlockMerge
     for number, (kind, attribute) in enumerate(patch.blocks.lists, 1):
         for index in range(len(getattr(diffusion_model, attribute, None) or ())):
-            replace[(kind, index)] = BlockMerge(patch, kind, block_key(number, index), replace.get((kind, index)))
+            replace[(kind, index)] = merge(patch, kind, block_key(number, index), replace.get((kind, index)))
 
 
 def drop_block_patches(patched: Any) -> bool:
