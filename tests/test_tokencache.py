@@ -203,6 +203,49 @@ def test_a_block_keeps_one_residual_where_its_family_declares_it(name, around):
     assert not [w for w in caught if "tokenmerge" in str(w.message)]
 
 
+def test_forecast_extrapolates_an_output_that_changes_linearly_exactly():
+    """``forecast=1``: a token's cached output moves on along its change per step between its last two computations
+    (each computation, full or cached, divides by the steps since the token was last computed); an output linear in
+    the step comes out exact at the cached steps, whichever tokens each recomputed."""
+    g = torch.Generator().manual_seed(0)
+    base, change = torch.randn(2, 6, 8, generator=g), torch.randn(2, 6, 8, generator=g)
+    generation = tokencache.Generation(key=None, forecast=1.0)
+
+    def at(step: int) -> torch.Tensor:
+        return base + step * change
+
+    tokencache.SelectSpan(generation, 0, None, 6, gap=torch.ones(2, 6)).scatter(at(0))  # the first full step: nothing before it
+    tokencache.SelectSpan(generation, 0, None, 6, gap=torch.full((2, 6), 2.0)).scatter(at(2))  # a full step two steps later
+    generation.full = False
+    last = torch.full((2, 6), 2.0)  # the step each token was last computed at
+    for step, index in ((5, torch.tensor([[1, 4], [0, 5]])), (7, torch.tensor([[2, 4], [0, 3]]))):
+        gap = step - last
+        age = gap.scatter(1, index, 0.0)
+        rows = at(step).gather(1, index[..., None].expand(-1, -1, 8))
+        out = tokencache.SelectSpan(generation, 0, index, 6, age, gap).scatter(rows)
+        assert torch.allclose(out, at(step), atol=1e-5), step
+        last.scatter_(1, index, float(step))
+
+
+@pytest.mark.parametrize("name", ["flux", "wan", "sd3"])
+def test_forecast_keeps_full_steps_exact_and_moves_the_cached_ones(name):
+    """With ``forecast`` the full steps stay vanilla's bit for bit and the cached steps differ from holding the
+    outputs (a slope per span or residual is kept beside each cache, counted in what describe() reports)."""
+    calls = generation(name)
+    vanilla = run(name, calls)
+    with tokenmerge.patched(model_of(name), **OPTIONS):
+        held = run(name, calls)
+    with tokenmerge.patched(model_of(name), **OPTIONS, forecast=1.0):
+        forecast = run(name, calls)
+        (patch,) = [s for _, s in tokenmerge.hooks.states_in([model_of(name)])]
+        (slot,) = [g for g in patch.generations().slots if g.outputs]
+        assert slot.slopes.keys() == slot.outputs.keys()
+    for i in FULL:
+        assert torch.equal(forecast[i], vanilla[i])
+    for i in CACHED:
+        assert not torch.equal(forecast[i], held[i]) and relative(forecast[i], vanilla[i]) < 0.3
+
+
 @pytest.mark.parametrize("name", ["flux", "wan", "qwen-image"])
 def test_each_image_is_independent_of_its_batch(name):
     """Each sample chooses its own tokens from its own changes: image 0 of a batch of two different samples is image

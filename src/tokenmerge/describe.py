@@ -88,13 +88,15 @@ class PatchDescription:
     __repr__ = __str__
 
 
-def _action(config: TokenMergeConfig, spans: tuple[str, ...], level: int, top_level: int, grid: TokenGrid | None) -> str:
-    """What a block does, as :func:`tokenmerge.planning.decide` decides it at ``grid`` (its level's part of it)."""
-    method = config.method_of
+def _action(config: TokenMergeConfig, info: Any, spans: tuple[str, ...], top_level: int, grid: TokenGrid | None) -> str:
+    """What a block (``info``) does, as :func:`tokenmerge.planning.decide` decides it at ``grid`` (its level's part of
+    it)."""
+    method, level = config.method_of, info.level
     if grid is None:
         return "unchanged (identity options)" if config.is_identity else method.describe(config, None, None, spans)
     at = grid.scaled(level)
-    action = decide(config, BlockFacts(level=level, top_level=top_level, grid=at))
+    declared = {} if info.layout.output is None else {"around_block": None}  # (its calls' arguments aside)
+    action = decide(config, BlockFacts(level=level, top_level=top_level, grid=at, **declared))
     if action.reason == "identity options":
         return "unchanged (identity options)"
     return method.describe(config, action, at, spans)
@@ -175,7 +177,7 @@ def _describe(patch: PatchState, grid: TokenGrid | None, component: str, steps: 
     for info in patch.blocks:
         spans = tuple(s.name for s in info.layout.spans if s.option in enabled)
         patched = not config.is_identity and config.merges_level(info.level, layout.top_level)
-        action = _action(config, spans, info.level, layout.top_level, grid) if patched else "unchanged (level not patched)"
+        action = _action(config, info, spans, layout.top_level, grid) if patched else "unchanged (level not patched)"
         blocks.append(BlockDescription(info.index, info.layout.kind, info.level, spans, patched, action))
     family = get(layout.family).title
     cache = config.method_of.held(patch.generations()) if config.method_of.per_generation else ""

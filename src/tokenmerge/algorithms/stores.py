@@ -56,6 +56,10 @@ class RowStore:
         """Every row, in ``dtype``."""
         return self.data if self.data.dtype == dtype else self.data.to(dtype)
 
+    def rows(self, dim: int, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The rows at ``index`` (as ``Tensor.gather`` takes it) along ``dim``, in ``dtype``."""
+        return self.data.gather(dim, index).to(dtype)
+
     def with_rows(self, dim: int, index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Keep ``rows`` and return every row in ``rows``' dtype, those exact (the others as stored). Where the store is
         exact, the returned tensor is the store itself, written in place (read it before the next write)."""
@@ -112,7 +116,16 @@ class Int8Store(RowStore):
         self.scales.scatter_(dim, index[..., : scales.shape[-1]], scales)
 
     def read(self, dtype: torch.dtype) -> torch.Tensor:
-        grouped = self._unpack(self.values).unflatten(-1, (-1, self.group)).to(torch.float32) * self.scales.unsqueeze(-1)
+        return self._dequantise(self.values, self.scales, dtype)
+
+    def rows(self, dim: int, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        first = index.narrow(-1, 0, 1)  # (the index is constant along the last axis)
+        values = self.values.gather(dim, first.expand(*index.shape[:-1], self.values.shape[-1]))
+        scales = self.scales.gather(dim, first.expand(*index.shape[:-1], self.scales.shape[-1]))
+        return self._dequantise(values, scales, dtype)
+
+    def _dequantise(self, values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        grouped = self._unpack(values).unflatten(-1, (-1, self.group)).to(torch.float32) * scales.unsqueeze(-1)
         return grouped.flatten(-2).to(dtype)
 
 

@@ -61,6 +61,10 @@ class Generation:
     final: bool = False  # this call is the last step of its generation's known schedule: nothing is recorded
     cache_dtype: str | None = None  # how its caches are kept (the option cache_dtype)
     selections: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, k) this call's tokens
+    forecast: float = 0.0  # how far the cached outputs move on (the option forecast)
+    slopes: dict[tuple, RowStore] = field(default_factory=dict)  # (block, span) -> each token's output change per step
+    ages: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, N) steps since each token was computed
+    gaps: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, N) the same, before this full step
 
     @property
     def nbytes(self) -> int:
@@ -69,7 +73,7 @@ class Generation:
     def block_bytes(self) -> dict[int | None, int]:
         """Bytes held per block (None: the recorded block inputs, one per grid)."""
         held: dict[int | None, int] = {None: sum(t.nbytes for t in self.inputs.values())}
-        for (block, _), t in self.outputs.items():
+        for (block, _), t in [*self.outputs.items(), *self.slopes.items()]:
             held[block] = held.get(block, 0) + t.nbytes
         for (block, _), (k, v, _) in self.keys.items():
             held[block] = held.get(block, 0) + k.nbytes + v.nbytes
@@ -150,8 +154,18 @@ class SelectSpan:
 
     fills_keys = True
 
-    def __init__(self, generation: Generation, block: int, index: torch.Tensor | None, n: int) -> None:
+    def __init__(
+        self,
+        generation: Generation,
+        block: int,
+        index: torch.Tensor | None,
+        n: int,
+        age: torch.Tensor | None = None,
+        gap: torch.Tensor | None = None,
+    ) -> None:
         self.generation = generation
+        # forecast: (B, N) steps since each token was last computed, after this step (0: computed now) and before it
+        self.age, self.gap = age, gap
         self.block = block
         self.index = index  # (B, k) selected positions, in order; None: every token (a full step, recorded)
         self.n = n
@@ -180,16 +194,29 @@ class SelectSpan:
         return x if self.index is None else x.gather(1, self._expand(x))
 
     def scatter(self, y: torch.Tensor, span: int = 0) -> torch.Tensor:
-        key = (self.block, span)
+        key, generation = (self.block, span), self.generation
         if self.index is None:
-            dtype = self.generation.cache_dtype
-            self.generation.outputs[key] = store(y, _residual_dtype(dtype) if span == AROUND_BLOCK else dtype)
+            dtype = _residual_dtype(generation.cache_dtype) if span == AROUND_BLOCK else generation.cache_dtype
+            last = generation.outputs.get(key)
+            if self.gap is not None and generation.full and last is not None and last.shape[:2] == y.shape[:2]:
+                # each token's change per step since it was last computed: what a cached step extrapolates along
+                generation.slopes[key] = store((y - last.read(y.dtype)) / self.gap[..., None].to(y.dtype), dtype)
+            generation.outputs[key] = store(y, dtype)
             return y
-        cache = self.generation.outputs[key]
+        cache = generation.outputs[key]
         cache.thaw()
         # kept exactly, written in place (a copy of every token per span and step otherwise): the caller reads the
         # result before the next step writes into it again, and no block adds to a span's output in place
-        return cache.with_rows(1, self._expand(y), y)
+        slope = generation.slopes.get(key)
+        at = self._expand(y)
+        if slope is not None and self.gap is not None:  # the recomputed tokens' change per step since their last computation
+            gap = self.gap.gather(1, self.index)[..., None].to(y.dtype)
+            slope.write(1, at, (y - cache.rows(1, at, y.dtype)) / gap)
+        held = cache.with_rows(1, at, y)
+        if slope is None or self.age is None:
+            return held
+        age = self.age[..., None].to(y.dtype)  # (the computed rows' is 0)
+        return torch.addcmul(held, slope.read(y.dtype), age, value=generation.forecast)
 
     def fill_keys(self, site: int, key: torch.Tensor, value: torch.Tensor, mask: Any, start: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """(B, H, S', D) keys and values of an attention of the span, with every image token's: the gathered tokens'
@@ -330,6 +357,16 @@ class TokenCache(Method):
             none_word="model",
         ),
         Option(
+            "forecast",
+            "real",
+            0.0,
+            "how far a cached token's outputs move on along their change per step between its last two computations "
+            "(0: held; 1: extrapolated, first order, as TaylorSeer); above 0 one more cache per span",
+            low=0,
+            high=1,
+            step=0.05,
+        ),
+        Option(
             "memory",
             "choice",
             "default",
@@ -359,6 +396,7 @@ class TokenCache(Method):
         """A call of the generation begins: is it a full step? (The step count advances past the calls whose blocks
         ran: a step that a step cache skipped neither advances nor records anything.)"""
         generation.cache_dtype = config.kept_as
+        generation.forecast = config.forecast
         if generation.ran:
             generation.steps += 1
             generation.ran = False
@@ -368,16 +406,16 @@ class TokenCache(Method):
         generation: Generation = facts.generation
         grid = facts.grid
         if facts.tokens is None:  # describe(): what a cached step leaves out
-            return BlockAction(merged=grid.numel - math.ceil(grid.numel / window_of(config)))
+            return BlockAction(merged=grid.numel - math.ceil(grid.numel / window_of(config)), around_block=facts.around_block is None)
         if generation is None or torch.compiler.is_compiling():  # (compiled code: said once by the hooks)
             return idle("no generation" if generation is None else "inside a compiled graph")
         generation.ran = True
         if generation.full and generation.final:  # its schedule's last step: nothing would read what it records
             return idle("the generation's last step, computed whole")
-        whole = SelectSpan(generation, facts.block, None, grid.numel)
         around = facts.around_block is None  # its family measured one residual per block as good as its spans' outputs
         if grid.shape not in generation.selections:  # the call's first block on this grid: choose its tokens
             generation.selections[grid.shape] = self._choose(config, generation, grid, facts.tokens().detach(), facts.shard)
+        whole = SelectSpan(generation, facts.block, None, grid.numel, gap=generation.gaps.get(grid.shape))
         selection = generation.selections[grid.shape]
         if selection is None:
             return BlockAction(plan=whole, around_block=around)
@@ -387,7 +425,7 @@ class TokenCache(Method):
         )
         if not recorded:  # not recorded on the last full step (gated, left whole there): compute it whole, record it
             return BlockAction(plan=whole, around_block=around)
-        plan = SelectSpan(generation, facts.block, selection, grid.numel)
+        plan = SelectSpan(generation, facts.block, selection, grid.numel, generation.ages.get(grid.shape), generation.gaps.get(grid.shape))
         return BlockAction(plan=plan, merged=grid.numel - selection.shape[1], around_block=around)
 
     @staticmethod
@@ -400,8 +438,17 @@ class TokenCache(Method):
         grid) the windows are the whole grid's, each rank choosing among its own tokens as many as the rank meeting
         the most windows."""
         last = generation.inputs.get(grid.shape)
+        age = generation.ages.get(grid.shape) if generation.forecast else None
+        if age is not None and age.shape == x.shape[:2]:
+            age += 1
+        elif generation.forecast:
+            age = generation.ages[grid.shape] = torch.ones(x.shape[:2], device=x.device)
+        if age is not None:  # (this step's slopes divide by it; the tokens it computes are then 0 steps old)
+            generation.gaps[grid.shape] = age.clone()
         if generation.full or last is None or last.shape != x.shape:
             generation.inputs[grid.shape] = store(x, _input_dtype(generation.cache_dtype))
+            if age is not None:
+                age.zero_()
             return None
         last.thaw()
         before = last.read(x.dtype)
@@ -410,6 +457,8 @@ class TokenCache(Method):
         selection = select(change, window, *(shard.windows(window) if shard is not None else (0, None)))
         at = selection[..., None].expand(-1, -1, x.shape[-1])
         last.write(1, at, x.gather(1, at))
+        if age is not None:
+            age.scatter_(1, selection, 0.0)
         return selection
 
     def acting_steps(self, config: TokenMergeConfig, steps: int) -> list[int]:
@@ -450,8 +499,11 @@ class TokenCache(Method):
 
     def describe(self, config: TokenMergeConfig, action: BlockAction | None, grid: TokenGrid | None, spans: tuple[str, ...]) -> str:
         k = window_of(config)
+        cached = (
+            "the block's residual (the block run whole on the recomputed tokens)" if action and action.around_block else ", ".join(spans)
+        )
         what = (
-            f"cache {', '.join(spans)} per token: full steps (the first {config.full_steps}, then every {config.refresh_every}th), "
+            f"cache {cached} per token: full steps (the first {config.full_steps}, then every {config.refresh_every}th), "
             f"between them 1 token in {k} recomputed"
         )
         if grid is None or action is None:
