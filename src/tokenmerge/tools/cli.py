@@ -327,23 +327,15 @@ def _support(args: argparse.Namespace) -> int:
     return 0
 
 
-def _options(args: argparse.Namespace) -> int:
-    from .options_table import table, write_docs
+def _generated_table(module: str, args: argparse.Namespace) -> int:
+    """A docs table made by ``module`` (its ``table`` and ``write_docs``): printed, or written between a page's markers."""
+    import importlib
 
+    found = importlib.import_module(f".{module}", __package__)
     if args.write_docs:
-        print(f"{args.write_docs}: {'updated' if write_docs(args.write_docs) else 'already current'}")
+        print(f"{args.write_docs}: {'updated' if found.write_docs(args.write_docs) else 'already current'}")
         return 0
-    print(table())
-    return 0
-
-
-def _memory(args: argparse.Namespace) -> int:
-    from .memory import table, write_docs
-
-    if args.write_docs:
-        print(f"{args.write_docs}: {'updated' if write_docs(args.write_docs) else 'already current'}")
-        return 0
-    print(table())
+    print(found.table())
     return 0
 
 
@@ -555,14 +547,14 @@ def build_parser() -> argparse.ArgumentParser:
     support.set_defaults(func=_support)
     options = commands.add_parser("options", help="print every option: its method, default, accepted values and what it does")
     options.add_argument("--write-docs", metavar="PAGE", help="replace the table between the page's markers instead of printing")
-    options.set_defaults(func=_options)
+    options.set_defaults(func=lambda args: _generated_table("options_table", args))
     memory = commands.add_parser(
         "memory",
         help="print what the token cache holds for each family's published model at its default size (default and "
         "memory='low'), measured on its first blocks at full width",
     )
     memory.add_argument("--write-docs", metavar="PAGE", help="replace the table between the page's markers instead of printing")
-    memory.set_defaults(func=_memory)
+    memory.set_defaults(func=lambda args: _generated_table("memory", args))
     frontier = commands.add_parser(
         "frontier",
         help="plot PSNR against the work saved from the JSON files of `tokenmerge eval --json` (needs matplotlib)",
