@@ -64,7 +64,7 @@ class Generation:
     forecast: float = 0.0  # how far the cached outputs move on (the option forecast)
     slopes: dict[tuple, RowStore] = field(default_factory=dict)  # (block, span) -> each token's output change per step
     ages: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, N) steps since each token was computed
-    gaps: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, N) the same, before this full step
+    gaps: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, N) the same, before this step
 
     @property
     def nbytes(self) -> int:
