@@ -327,7 +327,7 @@ def test_every_way_of_keeping_the_caches_acts_and_keeps_full_steps_exact(kept):
 
 
 def test_memory_low_keeps_the_cache_as_int4_and_refuses_another_cache_dtype():
-    assert tokenmerge.TokenMergeConfig(method="tokencache", memory="low").kept_as == "int4"
+    assert tokencache.kept_as(tokenmerge.TokenMergeConfig(method="tokencache", memory="low")) == "int4"
     with pytest.raises(ValueError, match="memory='low' keeps the token cache as int4; cache_dtype='bfloat16'"):
         tokenmerge.TokenMergeConfig(method="tokencache", memory="low", cache_dtype="bfloat16")
 

@@ -56,11 +56,6 @@ class _Config:
         return None if self.max_noise is not None or self.is_identity else self.method_of.few_step_share
 
     @property
-    def kept_as(self) -> str | None:
-        """How method tokencache keeps its caches: ``cache_dtype``, int4 under ``memory="low"``."""
-        return "int4" if self.memory == "low" else self.cache_dtype
-
-    @property
     def max_ratio(self) -> float:
         """The largest ratio the sx×sy destination grid can reach: all but one token per window."""
         return 1.0 - 1.0 / (self.sx * self.sy)

@@ -153,7 +153,7 @@ def _steps(pipe: Any, component: str, config: TokenMergeConfig, steps: int, grid
     reduced = [i for i in runs if not gated(config, noise_of(pipe, timesteps[i]), positions[i])]
     share = f"runs {len(runs)} of the {len(timesteps)} steps; " if len(runs) != len(timesteps) else ""
     acting = config.method_of.acting_steps(config, len(timesteps))
-    if acting is not None:  # a method acting on some steps only (the token cache: its cached steps)
+    if acting is not None:  # a method acting on some steps only (a step cache of tokens: its cached steps)
         cached = [i for i in reduced if i in acting]
         if not cached:
             return f"{share}caches 0 of {len(runs)}: all are computed fully"

@@ -213,9 +213,8 @@ COMMON: tuple[Option, ...] = (
         "method",
         "choice",
         "tome",
-        "how blocks are reduced: tome merges tokens, todo downsamples keys and values, auto picks a factor per block, "
-        "tokencache recomputes only the tokens that changed since the last step",
-        choices=(),  # the registry's methods (tokenmerge.methods), set there
+        "how blocks are reduced",
+        choices=(),  # the registry's methods and what each does (tokenmerge.methods), set there
         advanced=False,
     ),
     Option(

@@ -98,7 +98,7 @@ def _check_for_layouts(config: TokenMergeConfig, states_or_layouts: list[Any]) -
             "leave max_downsample=None"
         )
     joint = [layout for layout in layouts if not get(layout.family).cross_attention]
-    if joint and config.method_of.merges and config.merge_crossattn:
+    if joint and config.method_of.gathers and config.merge_crossattn:
         raise ValueError(
             f"merge_crossattn=True has no effect on {_named(joint[0])}: it has no separate text cross-attention (its "
             "attention is joint over image and text tokens, merged by merge_attn); leave merge_crossattn=False"
@@ -245,7 +245,7 @@ def get_config(model: Any) -> TokenMergeConfig | None:
 
 def end_generations(model: Any) -> None:
     """The generations of ``model``'s patched denoisers running in this thread are over: what a per-generation method
-    (the token cache) holds for them is freed, and the next call starts a new one. Front ends that know where a
+    holds for them is freed, and the next call starts a new one. Front ends that know where a
     generation begins or ends call it (the webui at each sampling's first step)."""
     for _, state in _patched_states(model):
         state.end_generations()

@@ -65,7 +65,7 @@ def decide(config: TokenMergeConfig, facts: BlockFacts) -> BlockAction:
 
     Nothing (with the reason) where the options are the identity, the level is not patched, the grid is unknown, the
     call is noisier than ``max_noise``, a rank's part of the grid cannot be reduced as the method needs (said once,
-    through ``facts.notes``), or, for a method that merges, a step cache decides by this block's output (merged, that
+    through ``facts.notes``), or, for a method whose spans run on gathered tokens, a step cache decides by this block's output (reduced, that
     output would carry an error that changes from step to step by more than the cache's threshold, and the cache
     would reuse no step; key/value methods reduce the same way at every step and the cache still reuses steps); else
     the method's own action (:meth:`tokenmerge.methods.Method.act`), and what of it cannot act on this grid (said
@@ -82,7 +82,7 @@ def decide(config: TokenMergeConfig, facts: BlockFacts) -> BlockAction:
     if facts.shard is not None and (refused := method.on_shard(config, facts.shard)):
         facts.notes.append(("parallel", f"under context parallelism, {refused}; its blocks run unchanged"))
         return idle("rank's part not reducible")
-    if method.merges and facts.decider is not None and (decider := facts.decider()) is not None:
+    if method.gathers and facts.decider is not None and (decider := facts.decider()) is not None:
         facts.notes.append(
             (
                 "deciding cache",

@@ -3,7 +3,7 @@
 rank's part of a sequence split across ranks (``shards``)."""
 
 from .downsample import downsample_keys, downsample_mask_columns, downsample_tokens, kept_columns, nearest_indices, reduce_keys_values
-from .grid import Segment, TokenGrid, TokenLayout
+from .grid import Segment, TokenGrid, TokenLayout, kept_positions, take_rows
 from .merge import (
     AROUND_BLOCK,
     MergePlan,
@@ -38,10 +38,12 @@ __all__ = [
     "hash32",
     "hash_ints",
     "kept_columns",
+    "kept_positions",
     "nearest_indices",
     "random_offsets",
     "reduce_keys_values",
     "restore_residual",
     "shard_layout",
+    "take_rows",
     "timestep_keys",
 ]

@@ -72,6 +72,25 @@ class TokenGrid:
         return "x".join(map(str, self.shape))
 
 
+def kept_positions(keep: torch.Tensor, start: int, n: int, total: int) -> torch.Tensor:
+    """Positions of a sequence of ``total`` that remain when its ``n`` image tokens from ``start`` keep ``keep`` ((K,)
+    or per sample (B, K), their own positions): the other tokens whole, in place. (K,) -> (total - n + K,)."""
+    lead = keep.shape[:-1]
+    before = torch.arange(start, device=keep.device).expand(*lead, start)
+    after = torch.arange(start + n, total, device=keep.device).expand(*lead, total - start - n)
+    return torch.cat([before, start + keep, after], dim=-1)
+
+
+def take_rows(table: torch.Tensor, dim: int, rows: torch.Tensor) -> torch.Tensor:
+    """Each sample's ``rows`` (B, S') of a position table or mask along ``dim`` >= 1, whose dim 0 is the batch (B or
+    1): (B or 1, ..., S, ...) -> (B, ..., S', ...)."""
+    if table.shape[0] == 1:
+        table = table.expand(rows.shape[0], *table.shape[1:])
+    shape = [1] * table.ndim
+    shape[0], shape[dim] = rows.shape
+    return table.gather(dim, rows.view(shape).expand(*[rows.shape[1] if d == dim else s for d, s in enumerate(table.shape)]))
+
+
 @dataclass(frozen=True)
 class Segment:
     """A stretch of a token sequence: ``kind`` text, image (the generated one), reference (an edit's input image,
@@ -153,10 +172,7 @@ class TokenLayout:
     def kept_rows(self, keep: torch.Tensor) -> torch.Tensor:
         """Positions of this sequence that remain when the target image keeps ``keep`` (its own positions, in the
         merged order): every other segment whole, in place."""
-        start = self.image_start
-        n = self.segments[self.target].length
-        device = keep.device
-        return torch.cat([torch.arange(start, device=device), start + keep, torch.arange(start + n, self.total, device=device)])
+        return kept_positions(keep, self.image_start, self.segments[self.target].length, self.total)
 
     def __str__(self) -> str:
         text = " ; ".join(f"{s.kind} {s.grid if s.grid is not None else s.length}" for s in self.segments)

@@ -63,8 +63,8 @@ class TokenSpan(Protocol):
     or mask it takes); ``rows``: the plan of a slice of the batch (None where it cannot be sliced); ``whole``: it keeps
     every token (nothing to gather); ``fills_keys``: its attentions attend to every token's keys and values, which
     ``fill_keys(site, key, value, mask, start)`` gives them. ToMe's :class:`MergePlan` implements it (gather = average
-    into destinations, scatter = copy back); the token cache's selected tokens implement it too
-    (:class:`tokenmerge.methods.tokencache.SelectSpan`). The hooks use nothing else (:mod:`tokenmerge.hooks.tokens`)."""
+    into destinations, scatter = copy back), and so does a selection of the tokens to recompute that keeps the others'
+    outputs across steps. The hooks use nothing else (:mod:`tokenmerge.hooks.tokens`)."""
 
     keep_idx: torch.Tensor
     whole: bool

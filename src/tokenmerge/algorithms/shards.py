@@ -11,7 +11,7 @@ rank's image tokens sit in the whole grid, so that:
   where the ranks' shares differ in size (a chunk boundary inside a factor's window), each rank keeps as many as
   the largest share, its extra keys being its first unselected positions (the collectives need equal lengths);
 - ToMe merges within a rank's chunk when the chunk is a box of the grid (a band of whole rows or frames);
-- the token cache chooses in the whole grid's windows (:meth:`Shard.windows`): what one process chooses, plus one
+- a selection of tokens to recompute is made in the whole grid's windows (:meth:`Shard.windows`): what one process chooses, plus one
   token per window a chunk boundary cuts, and a rank meeting fewer windows tops up to the largest count.
 """
 

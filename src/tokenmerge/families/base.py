@@ -191,8 +191,8 @@ IMAGE_PLACES = ("after_text", "first", "last", "alone")
 @dataclass(frozen=True)
 class ComfyBlocks:
     """Where ComfyUI's block replace patches (``transformer_options["patches_replace"]["dit"][(kind, i)]``, called
-    with the block's arguments and an ``original_block``) reach a family's blocks, for ``method="tome"`` and
-    ``"tokencache"`` on ComfyUI (:mod:`tokenmerge.integrations.comfyui.blocks`): each kind with the diffusion model's
+    with the block's arguments and an ``original_block``) reach a family's blocks, for the methods whose spans
+    run on gathered tokens on ComfyUI (:mod:`tokenmerge.integrations.comfyui.blocks`): each kind with the diffusion model's
     attribute listing its blocks; the kinds whose ``"img"`` argument is the joint [text; image] sequence (Flux's
     single-stream blocks); the token axes the ``"pe"`` rotary table may have (the first as long as the stream is taken:
     ComfyUI versions differ), its rows and a mask's columns [whatever precedes the stream; the stream], or with

@@ -2,9 +2,9 @@
 
 - ``state``: what is fixed per patch and what belongs to one call (per thread; replayed in backward);
 - ``calls``: open/close a call, capture token grids, decide each block's action;
-- ``tokens``: the span protocol: gather the image tokens a span runs on as it is entered (a merge, a token cache's
+- ``tokens``: the span protocol: gather the image tokens a span runs on as it is entered (merged ones, or a
   selection), scatter its output back as it is left;
-- ``attention``: reduce an attention's image keys/values (todo, auto) or give it every token's (a token cache), by
+- ``attention``: reduce an attention's image keys/values or, in a span that fills keys, give it every token's, by
   keyword or at the SDPA / dispatch call;
 - ``install``: attach all of them from a denoiser's layout (its family's), and remove them.
 """

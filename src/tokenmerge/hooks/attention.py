@@ -1,5 +1,5 @@
 """Hooks on an attention: downsample its image keys and values (``method="todo"`` / ``"auto"``), or, inside a span
-that gathered some image tokens, give it every token's (a token cache's :meth:`fill_keys`).
+that gathered some image tokens and fills keys, give it every token's (:meth:`tokenmerge.algorithms.TokenSpan.fill_keys`).
 
 Two routes to the same keys and values (see :mod:`tokenmerge.algorithms.downsample`):
 
@@ -104,7 +104,7 @@ class ReduceKeysValues(KeyValueMode):
 
 
 class FillKeysValues(KeyValueMode):
-    """One attention call inside a span that gathered some image tokens (a token cache's): the keys and values the
+    """One attention call inside a span that gathered some image tokens and fills keys: the keys and values the
     attention computed for the gathered tokens are put among those of every image token the span keeps for this site
     (:meth:`tokenmerge.algorithms.TokenSpan.fill_keys`), so that its queries attend to every token."""
 
@@ -133,7 +133,7 @@ class DownsampleKeysValues:
         call = self.patch.current()
         block = None if call is None else call.running  # (not looked up by index: see CallState.running)
         action = None if block is None else block.action
-        if action is not None and block.layout is not None and getattr(action.plan, "fills_keys", False):
+        if action is not None and block.layout is not None and action.plan is not None and action.plan.fills_keys:
             return self._fill(module, args, kwargs, block, action.plan)
         if action is None or action.kv_grid is None or block.layout is None:
             return None

@@ -105,7 +105,7 @@ class BeginCall:
         if patch.routes_dispatch and not torch.compiler.is_compiling():
             dispatch.ensure_wrapped()  # once per call: backends registered (cache-dit) after the patch get the route too
         patch.push(call)
-        if config.method_of.merges and not config.is_identity and not torch.compiler.is_compiling():
+        if config.method_of.gathers and not config.is_identity and not torch.compiler.is_compiling():
             call.cache_lists = cache_dit_lists(patch.layout.root)  # (before cache-dit's forward swaps them)
             self._notice_extrapolation()
         if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and not torch.compiler.is_compiling():

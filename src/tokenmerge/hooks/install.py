@@ -14,7 +14,7 @@ from . import dispatch
 from .attention import CloseKeyValueMode, DownsampleKeysValues, DownsampleProjectionInput
 from .calls import BeginCall, CaptureLayout, EndBlock, EndCall, LeaveContainer, PlanBlock, RecomputeEntry
 from .state import BlockInfo, PatchState
-from .tokens import CloseSampleRows, EnterSpan, EnterSpanOnOutput, FollowMerge, GatherBlock, LeaveSpan, RestoreBlock
+from .tokens import CloseSampleRows, EnterSpan, EnterSpanOnOutput, FollowSpan, GatherBlock, LeaveSpan, RestoreBlock
 
 STATE_ATTR = "_tokenmerge_state"
 
@@ -61,7 +61,7 @@ def install(layout: DenoiserLayout, config: TokenMergeConfig) -> PatchState:
                     mask = next((site.mask_kwarg for site in block.kv_sites if site.module is span.enter), None)
                     add(span.enter.register_forward_pre_hook(EnterSpan(patch, index, s, mask), with_kwargs=True))
                 for attention, follow in span.follows:
-                    hook = FollowMerge(patch, index, s, follow, Argument(attention, follow.argument))
+                    hook = FollowSpan(patch, index, s, follow, Argument(attention, follow.argument))
                     add(attention.register_forward_pre_hook(hook, with_kwargs=True))
                 add(span.leave.register_forward_hook(LeaveSpan(patch, index, s, span.leave_index)))
             for attention in {id(m): m for span in block.spans for m, _ in span.follows}.values():

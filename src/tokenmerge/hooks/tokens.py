@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..algorithms import AROUND_BLOCK, MergePlan, TokenLayout, TokenSpan, restore_residual
+from ..algorithms import AROUND_BLOCK, TokenLayout, TokenSpan, restore_residual, take_rows
 from .calls import PlanBlock, first_tensor, replace_first
 from .modes import call_through
 from .state import BlockCall, BlockWarnings, PatchState
@@ -71,7 +71,7 @@ class EnterSpan(_SpanHook):
         super().__init__(patch, block, span)
         self.mask_kwarg = mask_kwarg  # a self-attention mask over the tokens would have to be merged too
 
-    def _plan(self, block: BlockCall | None, module: torch.nn.Module) -> MergePlan | None:
+    def _plan(self, block: BlockCall | None, module: torch.nn.Module) -> TokenSpan | None:
         if block is None or block.action.plan is None or block.action.around_block:  # (gathered at the block's entry)
             return None
         span = self.span_of(block)
@@ -85,7 +85,7 @@ class EnterSpan(_SpanHook):
             return None
         return block.action.plan
 
-    def _plan_for(self, x: torch.Tensor, plan: MergePlan, block: BlockCall, stream: TokenLayout) -> MergePlan | None:
+    def _plan_for(self, x: torch.Tensor, plan: TokenSpan, block: BlockCall, stream: TokenLayout) -> TokenSpan | None:
         """The plan matching ``x``: the whole plan, or its rows when feed-forward chunking splits the batch."""
         b = x.shape[0]
         if x.shape[1] != stream.total:
@@ -107,7 +107,7 @@ class EnterSpan(_SpanHook):
             )
         return part
 
-    def _enter(self, x: Any, block: BlockCall, plan: MergePlan) -> torch.Tensor | None:
+    def _enter(self, x: Any, block: BlockCall, plan: TokenSpan) -> torch.Tensor | None:
         span = self.span_of(block)
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or block.layout is None:
             return None
@@ -116,7 +116,7 @@ class EnterSpan(_SpanHook):
         if plan is None:
             return None
         block.active[self.span] = (plan, stream)
-        if getattr(plan, "fills_keys", False):  # its attention may take every token's keys from the full input
+        if plan.fills_keys:  # its attention may take every token's keys from the full input
             block.inputs[self.span] = x
         return _gather(plan, x, stream, self.span)
 
@@ -267,7 +267,7 @@ class SampleRows(TorchFunctionMode):
         return call_through(func, args, kwargs)
 
 
-class FollowMerge(_SpanHook):
+class FollowSpan(_SpanHook):
     """Pre-hook on an attention inside a merged span: the arguments declared to follow the merge (rotary tables,
     masks over the sequence; :class:`tokenmerge.families.base.Follow`) are gathered at the kept positions of their
     stream, per sample (a merged token sits at its destination's position; other segments keep every row). A table
@@ -279,7 +279,7 @@ class FollowMerge(_SpanHook):
         self.follow = follow  # families.base.Follow
         self.argument = argument  # families.base.Argument of the attention's forward
 
-    def _gather(self, t: Any, plan: MergePlan, layout: TokenLayout, module: torch.nn.Module) -> Any:
+    def _gather(self, t: Any, plan: TokenSpan, layout: TokenLayout, module: torch.nn.Module) -> Any:
         if not isinstance(t, torch.Tensor):
             return t
         dim = self.follow.dim % t.ndim
@@ -290,15 +290,10 @@ class FollowMerge(_SpanHook):
             return t
         if plan.batch_size == 1:
             return t.index_select(dim, layout.kept_rows(plan.keep_idx[0].to(t.device)))
-        rows = torch.stack([layout.kept_rows(k) for k in plan.keep_idx.to(t.device)])  # (B, S')
+        rows = layout.kept_rows(plan.keep_idx.to(t.device))  # (B, S')
         if dim == 0:  # no batch dimension: each sample's rows through the attention's SampleRows mode
             return self._sample_rows(module).add(t[rows])
-        if t.shape[0] == 1:
-            t = t.expand(rows.shape[0], *t.shape[1:])
-        shape = [1] * t.ndim
-        shape[0], shape[dim] = rows.shape
-        index = rows.view(shape).expand(*[rows.shape[1] if d == dim else s for d, s in enumerate(t.shape)])
-        return t.gather(dim, index)
+        return take_rows(t, dim, rows)
 
     def _sample_rows(self, module: torch.nn.Module) -> SampleRows:
         """The attention call's :class:`SampleRows` (entered here; :class:`CloseSampleRows` leaves it)."""

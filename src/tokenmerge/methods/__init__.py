@@ -17,11 +17,13 @@ from .tome import ToMe, merge_count, plan_merge, window_of
 
 REGISTRY: dict[str, Method] = {m.name: m for m in (ToMe(), ToDo(), Auto(), TokenCache())}
 METHODS: tuple[str, ...] = tuple(REGISTRY)
+# How blocks are reduced: what each method does, in the registry's order.
+SUMMARY = ", ".join(f"{m.name} {m.summary}" for m in REGISTRY.values())
 # Every option: those every method reads, then each method's own, in the registry's order (tokenmerge.options).
 OPTIONS: dict[str, Option] = {
     o.name: o
     for o in (
-        dataclasses.replace(COMMON[0], choices=METHODS),
+        dataclasses.replace(COMMON[0], choices=METHODS, help=f"{COMMON[0].help}: {SUMMARY}"),
         *COMMON[1:],
         *(o for m in REGISTRY.values() for o in m.options),
     )
@@ -48,6 +50,7 @@ __all__ = [
     "OWNERS",
     "REGISTRY",
     "ROUTES",
+    "SUMMARY",
     "BlockAction",
     "BlockFacts",
     "Method",

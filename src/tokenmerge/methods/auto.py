@@ -57,6 +57,7 @@ def auto_kv_factors(grid: TokenGrid, max_keys: int, min_tokens: int, max_factor:
 
 class Auto(KeyValueMethod):
     name = "auto"
+    summary = "picks a key/value downsampling factor per block"
     options = (
         Option(
             "auto_max_keys",

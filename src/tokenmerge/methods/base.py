@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..algorithms import MergePlan, Shard, TokenGrid
+from ..algorithms import Shard, TokenGrid, TokenSpan
 from ..options import Option
 
 if TYPE_CHECKING:
@@ -25,25 +25,26 @@ if TYPE_CHECKING:
 # Where a method can run: the diffusers / ldm / sgm hooks, ComfyUI's UNet attention patches, ComfyUI's DiT attention
 # override (one attention call at a time: key/value methods only), the webui and Forge (through the ldm hooks and
 # ComfyUI-style patches).
-# comfyui-dit: ComfyUI's attention override (keys and values); comfyui-blocks: its DiTs' block replace patches (merges)
+# comfyui-dit: ComfyUI's attention override (keys and values); comfyui-blocks: its DiTs' block replace patches (span plans around whole blocks)
 ROUTES = ("diffusers", "ldm", "comfyui-unet", "comfyui-dit", "comfyui-blocks", "webui", "forge")
 
 
 @dataclass(frozen=True)
 class BlockAction:
-    """One block's work in one call: merge its spans with ``plan`` (tome), or downsample the keys and values of its
+    """One block's work in one call: run its spans (or the whole block, ``around_block``) on the tokens ``plan`` gathers
+    (a :class:`~tokenmerge.algorithms.TokenSpan`: merged ones, or a selection), or downsample the keys and values of its
     ``kv_grid`` image tokens by ``kv_factors`` (one per grid axis; todo/auto), or nothing. ``kv_keep``: under
     sequence parallelism, the positions of this rank's image tokens whose keys and values are kept (the whole
-    grid's selection). ``merged``: tokens a merge takes away (known without a plan, for ``describe()``); ``reason``:
+    grid's selection). ``left_out``: the tokens its spans do not run on (known without a plan, for ``describe()``); ``reason``:
     why the block runs whole, where it does; ``around_block``: the plan gathers the block's input and scatters its
     output (the block runs on the gathered tokens alone, each other token given its input plus the plan's residual)
     instead of around each span."""
 
-    plan: MergePlan | None = None
+    plan: TokenSpan | None = None
     kv_grid: TokenGrid | None = None
     kv_factors: tuple[int, ...] = ()
     kv_keep: torch.Tensor | None = None
-    merged: int = 0
+    left_out: int = 0
     reason: str = ""
     around_block: bool = False
 
@@ -81,7 +82,7 @@ class BlockFacts:
     ``shard`` how); ``tokens``: a function giving the (B, N, C) image tokens a merge matches on (None where no call
     runs: ``describe()``); ``key``: the block's random-partition key; ``timestep``: the call's (the partition's
     randomness follows it); ``plans``: where plans may be reused (:class:`PlanStore`); ``decider``: a function naming
-    the step cache that decides by this block's output, if any (blocks that decide a cache run whole under merges)."""
+    the step cache that decides by this block's output, if any (blocks that decide a cache run whole under methods that gather tokens)."""
 
     level: int
     top_level: int
@@ -100,7 +101,7 @@ class BlockFacts:
     notes: list[tuple[str, str]] = field(default_factory=list)  # (topic, message) to say once per patch
     block: int = -1  # the block's index
     spans: int = 0  # how many spans the block has
-    cached_sites: tuple[int, ...] = ()  # its attention sites whose keys and values a token cache keeps
+    cached_sites: tuple[int, ...] = ()  # its attention sites whose keys and values a span that fills keys keeps
     # why the block cannot run whole on gathered tokens (BlockAction.around_block); None: it can
     around_block: str | None = "its family runs it span by span"
     generation: Any = None  # the call's generation state (methods with per_generation)
@@ -124,6 +125,7 @@ class Method:
     """One method: subclasses set the class attributes and implement :meth:`act`."""
 
     name: ClassVar[str]
+    summary: ClassVar[str]  # what it does, in a few words (the method option's help, the ComfyUI node's description)
     options: ClassVar[tuple[Option, ...]] = ()  # the options it declares (tokenmerge.options)
     also_reads: ClassVar[tuple[str, ...]] = ()  # options declared elsewhere that it reads too
     primary: ClassVar[str | None] = None  # the option a command line's "method:value" sets (tome:0.5 -> ratio)
@@ -135,7 +137,7 @@ class Method:
     few_step_share: ClassVar[float | None] = None
     every_level: ClassVar[bool] = False  # with max_downsample=None, every level (its rule leaves small grids alone)
     reduces_keys: ClassVar[bool] = False  # acts on attention keys and values (a processor's own kernel escapes it)
-    merges: ClassVar[bool] = False  # merges spans of a block (a step cache's deciding block then runs whole)
+    gathers: ClassVar[bool] = False  # its spans run on gathered tokens (a TokenSpan; a step cache's deciding block then runs whole)
     supports_ring: ClassVar[bool] = True  # under ring attention (ranks attend to keys they do not hold)
     every_span: ClassVar[bool] = False  # acts on every span of a block, whatever the merge_* options
     per_generation: ClassVar[bool] = False  # keeps state across the calls of a generation (begin() starts each call)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 class ToDo(KeyValueMethod):
     name = "todo"
+    summary = "downsamples keys and values"
     primary = "kv_factor"
     options = (
         Option(

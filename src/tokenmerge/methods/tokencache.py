@@ -273,6 +273,11 @@ class SelectSpan:
         return self if self.index is None else None  # (its caches hold the whole batch: not a chunk of it)
 
 
+def kept_as(config: TokenMergeConfig) -> str | None:
+    """How the caches are kept: ``cache_dtype``, int4 under ``memory="low"``."""
+    return "int4" if config.memory == "low" else config.cache_dtype
+
+
 def _input_dtype(cache_dtype: str | None) -> str | None:
     """How the block inputs that changes are measured against are kept (one per grid, not per block): as they are,
     int8 where the caches are int4 (a change is a difference of a few percent, which int4's steps would hide)."""
@@ -333,6 +338,7 @@ def select(change: torch.Tensor, window: int, offset: int = 0, count: int | None
 
 class TokenCache(Method):
     name = "tokencache"
+    summary = "recomputes only the tokens that changed since the last step (diffusion transformers)"
     primary = "recompute"
     options = (
         Option(
@@ -375,7 +381,7 @@ class TokenCache(Method):
         ),
     )
     routes = ("diffusers", "ldm", "webui", "comfyui-blocks")
-    merges = True  # its spans gather tokens: a step cache's deciding block runs whole
+    gathers = True  # its spans run on gathered tokens (the recomputed ones)
     every_span = True  # attention, cross-attention and MLP are cached alike (merge_* options do not apply)
     per_generation = True
 
@@ -395,7 +401,7 @@ class TokenCache(Method):
     def begin(self, config: TokenMergeConfig, generation: Generation) -> None:
         """A call of the generation begins: is it a full step? (The step count advances past the calls whose blocks
         ran: a step that a step cache skipped neither advances nor records anything.)"""
-        generation.cache_dtype = config.kept_as
+        generation.cache_dtype = kept_as(config)
         generation.forecast = config.forecast
         if generation.ran:
             generation.steps += 1
@@ -406,7 +412,7 @@ class TokenCache(Method):
         generation: Generation = facts.generation
         grid = facts.grid
         if facts.tokens is None:  # describe(): what a cached step leaves out
-            return BlockAction(merged=grid.numel - math.ceil(grid.numel / window_of(config)), around_block=facts.around_block is None)
+            return BlockAction(left_out=grid.numel - math.ceil(grid.numel / window_of(config)), around_block=facts.around_block is None)
         if generation is None or torch.compiler.is_compiling():  # (compiled code: said once by the hooks)
             return idle("no generation" if generation is None else "inside a compiled graph")
         generation.ran = True
@@ -426,7 +432,7 @@ class TokenCache(Method):
         if not recorded:  # not recorded on the last full step (gated, left whole there): compute it whole, record it
             return BlockAction(plan=whole, around_block=around)
         plan = SelectSpan(generation, facts.block, selection, grid.numel, generation.ages.get(grid.shape), generation.gaps.get(grid.shape))
-        return BlockAction(plan=plan, merged=grid.numel - selection.shape[1], around_block=around)
+        return BlockAction(plan=plan, left_out=grid.numel - selection.shape[1], around_block=around)
 
     @staticmethod
     def _choose(
@@ -510,4 +516,4 @@ class TokenCache(Method):
             return what
         if action.reason:
             return f"unchanged ({action.reason})"
-        return f"{what} ({grid.numel - action.merged} of {grid.numel}, {grid})"
+        return f"{what} ({grid.numel - action.left_out} of {grid.numel}, {grid})"

@@ -63,6 +63,7 @@ def plan_merge(
 
 class ToMe(Method):
     name = "tome"
+    summary = "merges similar tokens"
     primary = "ratio"
     options = (
         Option(
@@ -120,7 +121,7 @@ class ToMe(Method):
     )
     also_reads = ("merge_attn",)
     routes = tuple(r for r in ROUTES if r != "comfyui-dit")  # ComfyUI's attention override sees no block; its block patches do
-    merges = True
+    gathers = True  # its spans run on gathered tokens (merged ones)
     supports_ring = False  # a ring rank attends to keys it does not hold, whose merge sizes it cannot know
 
     def is_identity(self, config: TokenMergeConfig) -> bool:
@@ -129,9 +130,9 @@ class ToMe(Method):
     def act(self, config: TokenMergeConfig, facts: BlockFacts) -> BlockAction:
         merged = merge_count(config, facts.grid)
         if facts.tokens is None:  # describe(): the count, no matching
-            return BlockAction(merged=merged) if merged else idle(f"{facts.grid} grid too small")
+            return BlockAction(left_out=merged) if merged else idle(f"{facts.grid} grid too small")
         plan = self._plan(config, facts)
-        return BlockAction(plan=plan, merged=merged) if plan is not None else idle(f"{facts.grid} grid too small")
+        return BlockAction(plan=plan, left_out=merged) if plan is not None else idle(f"{facts.grid} grid too small")
 
     @staticmethod
     def _plan(config: TokenMergeConfig, facts: BlockFacts) -> MergePlan | None:
@@ -177,8 +178,8 @@ class ToMe(Method):
     def describe(self, config: TokenMergeConfig, action: BlockAction | None, grid: TokenGrid | None, spans: tuple[str, ...]) -> str:
         if action is None:
             return f"merge tokens ({', '.join(spans)})"
-        if action.merged:
-            return f"merge {action.merged} of {grid.numel} tokens ({grid}) in {', '.join(spans)}"
+        if action.left_out:
+            return f"merge {action.left_out} of {grid.numel} tokens ({grid}) in {', '.join(spans)}"
         return f"unchanged ({action.reason})"
 
     def warnings_at_patch(self, config: TokenMergeConfig) -> list[str]:

@@ -5,7 +5,8 @@ points (no ComfyUI code is copied or patched, nothing of ComfyUI is imported her
 - :mod:`.route`: which route a MODEL takes (:func:`patch_model`, also what Forge's UNet patcher calls);
 - :mod:`.unet`: UNets (SD 1.x, 2.x, XL) through the attention patch points;
 - :mod:`.dit`: diffusion transformers' keys and values through the attention override;
-- :mod:`.blocks`: ToMe and the token cache around diffusion transformers' blocks (their replace patches);
+- :mod:`.blocks`: the methods whose spans run on gathered tokens, around diffusion transformers' blocks (their
+  replace patches);
 - :mod:`.shared`: a step's noise level, the schedule's, and the patch object a MODEL and its clones share.
 
 Imports run one way (node -> route -> blocks -> dit -> shared; route -> unet -> shared). The repository's root

@@ -1,16 +1,17 @@
-"""``method="tome"`` and ``"tokencache"`` on ComfyUI's diffusion transformers, through their block replace patches.
+"""The methods whose spans run on gathered tokens (:attr:`tokenmerge.methods.Method.gathers`) on ComfyUI's diffusion
+transformers, through their block replace patches.
 
 ComfyUI's DiTs call ``transformer_options["patches_replace"]["dit"][(kind, i)](args, {"original_block": f})`` in
 place of their block ``i`` where one is set, with the block's inputs in ``args`` (``"img"``, ``"txt"``, ``"vec"``,
-``"pe"``, ...). A :class:`BlockMerge` there merges the block's image tokens as ToMe does everywhere (the plan that
+``"pe"``, ...). A :class:`BlockPatch` there merges the block's image tokens as ToMe does everywhere (the plan that
 :func:`tokenmerge.planning.decide` makes on the block's own input, one matching per sample), gathers each sample's
 rotary rows of the merged tokens (a merged token sits at its destination's position: the rotary is applied inside
 the block, after this point, so it sees the merged sequence with the right positions), runs the block (or the block
 patch that stood there before, which is chained) on the merged sequence, and adds the block's output residual back
 to every token from its destination: attention and MLP both run on fewer tokens, as on the diffusers path (which
 merges each of them between its residual additions). Text, reference and conditioning tokens are never merged.
-The token cache's plan (:class:`DitCache`) runs the block on the tokens a cached step recomputes, the same way, and
-gives the others their cached residual.
+A plan that fills keys (a selection of the tokens to recompute, :class:`DitKeyFill`) runs the block on its tokens the
+same way, gives the others the residual it keeps, and gives the block's attention every token's keys.
 
 The call's grid and text length come from the ``APPLY_MODEL`` wrapper the key/value route uses too
 (:class:`tokenmerge.integrations.comfyui.dit.DitPatch`). A block whose arguments do not fit the grid (an attention
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ...algorithms import MergePlan, restore_residual
+from ...algorithms import TokenSpan, kept_positions, restore_residual, take_rows
 from ...config import TokenMergeConfig
 from ...families import ComfyModel
 from ...families.base import ComfyBlocks
@@ -43,9 +44,9 @@ class DitBlocks(DitPatch):
     per_call = False  # ToMe decides per block, on the block's tokens
 
     def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], pad: int = 1) -> None:
-        if not config.method_of.merges or model.route_for(config.method_of) != "comfyui-blocks":
+        if not config.method_of.gathers or model.route_for(config.method_of) != "comfyui-blocks":
             raise ValueError(
-                f"DitBlocks runs methods around ComfyUI's blocks (tome, tokencache on {model.title}), got method={config.method!r}"
+                f"DitBlocks runs the methods whose spans run on gathered tokens around ComfyUI's blocks ({model.title}), got method={config.method!r}"
             )
         super().__init__(config, model, patch, pad)
         self.blocks: ComfyBlocks = model.blocks
@@ -61,25 +62,25 @@ class DitBlocks(DitPatch):
         would run unpatched."""
         run = extra["original_block"] if previous is None else (lambda a: previous(a, extra))
         call = self.current()
-        merged = None if call is None or self.config.is_identity else self._merge(kind, key, call, args)
+        merged = None if call is None or self.config.is_identity else self._gather(kind, key, call, args)
         if merged is None:
             return run(args)
         plan, start, gathered, new = merged
         out = self.run_span(plan, run, new)
-        if getattr(plan, "whole", False):  # a token cache's full step: every token computed, its residual recorded
+        if plan.whole:  # a step that keeps every token: every token computed, its residual recorded
             n = plan.num_tokens
             plan.scatter(out["img"][:, start : start + n] - gathered)
             return out
         return {**out, "img": restore_residual(plan, start, args["img"], gathered, out["img"])}
 
     def run_span(self, plan: Any, run: Any, args: dict[str, Any]) -> dict[str, Any]:
-        """The block run on the arguments its plan made (:class:`DitCache`: with its attention's keys filled)."""
+        """The block run on the arguments its plan made (:class:`DitKeyFill`: with its attention's keys filled)."""
         return run(args)
 
     def _whole(self, cause: str, message: str) -> None:
         self._warn(cause, message, "such blocks run whole")
 
-    def _merge(self, kind: str, key: int, call: DitCall, args: dict[str, Any]) -> tuple[MergePlan, int, torch.Tensor, dict] | None:
+    def _gather(self, kind: str, key: int, call: DitCall, args: dict[str, Any]) -> tuple[TokenSpan, int, torch.Tensor, dict] | None:
         x, n = args.get("img"), call.grid.numel
         if not isinstance(x, torch.Tensor) or x.ndim != 3:
             return None
@@ -120,7 +121,7 @@ class DitBlocks(DitPatch):
         plan = decide(self.config, facts).plan
         if plan is None:
             return None
-        if getattr(plan, "whole", False):  # the block runs on its own arguments, which it may add to in place (Flux)
+        if plan.whole:  # the block runs on its own arguments, which it may add to in place (Flux)
             return plan, start, image.clone(), args
         gathered = plan.gather(image)
         new = {**args, "img": torch.cat([x[:, :start], gathered, x[:, start + n :]], dim=1)}
@@ -171,28 +172,21 @@ def _over_tokens(mask: Any, text: Any) -> bool:
     return not (isinstance(text, torch.Tensor) and text.ndim == 3 and mask.shape[-1] == text.shape[1])
 
 
-def _rotary_rows(pe: torch.Tensor, dim: int, plan: MergePlan, offset: int, n: int) -> torch.Tensor | None:
+def _rotary_rows(pe: torch.Tensor, dim: int, plan: TokenSpan, offset: int, n: int) -> torch.Tensor | None:
     """The rotary table of the merged sequence: the image's ``n`` rows of ``pe`` from ``offset`` (along ``dim``)
     replaced by each sample's kept rows (its plan's ``keep_idx``). None where the table does not fit."""
-    b = plan.batch_size
-    if pe.ndim <= dim or offset < 0 or offset + n > pe.shape[dim] or pe.shape[0] not in (1, b):
+    if pe.ndim <= dim or offset < 0 or offset + n > pe.shape[dim] or pe.shape[0] not in (1, plan.batch_size):
         return None
-    if pe.shape[0] != b:
-        pe = pe.expand(b, *pe.shape[1:])
-    image = pe.narrow(dim, offset, n)
-    shape = [b] + [1] * (dim - 1) + [plan.num_kept] + [1] * (pe.ndim - dim - 1)
-    index = plan.keep_idx.view(shape).expand(*image.shape[:dim], plan.num_kept, *image.shape[dim + 1 :])
-    rest = pe.shape[dim] - offset - n
-    return torch.cat([pe.narrow(dim, 0, offset), image.gather(dim, index), pe.narrow(dim, offset + n, rest)], dim=dim)
+    return take_rows(pe, dim, kept_positions(plan.keep_idx.to(pe.device), offset, n, pe.shape[dim]))
 
 
 COMPILE_KEY = "torch.compile"  # the wrapper key of ComfyUI's TorchCompileModel (comfy_api.torch_helpers)
 
 
-class DitCache(DitBlocks, AttentionOverride):
-    """``method="tokencache"`` around ComfyUI's blocks: a block's plan (:class:`tokenmerge.methods.tokencache.SelectSpan`)
-    runs it on the text and the tokens it recomputes, the others taking their input plus their residual of the step
-    that last computed them; as the MODEL's attention override too, it gives the block's self- or joint attention every
+class DitKeyFill(DitBlocks, AttentionOverride):
+    """A per-generation method whose plans fill keys, around ComfyUI's blocks: a block's plan (a
+    :class:`~tokenmerge.algorithms.TokenSpan`) runs it on the text and the tokens it gathers, the others taking their
+    input plus their residual of the step that last computed them; as the MODEL's attention override too, it gives the block's self- or joint attention every
     image token's keys and values (the recomputed tokens' fresh, the others' from the last full step, after the
     rotary), so that the recomputed queries attend to every token. Its generations end with each sampling run
     (:meth:`sampling`)."""
@@ -203,7 +197,7 @@ class DitCache(DitBlocks, AttentionOverride):
 
     # Under ComfyUI's TorchCompileModel, whose graphs keep no guards on transformer_options (where these patches
     # live), a traced block would keep the cache's state of the step it was traced at: each block runs outside the
-    # compiled graph (UntracedBlockMerge; wrapped layers call this), said once, the model's layers around them compiled.
+    # compiled graph (UntracedBlockPatch; wrapped layers call this), said once, the model's layers around them compiled.
     run = torch.compiler.disable(DitBlocks.run)
 
     def apply_model(self, *args: Any, **kwargs: Any) -> Any:
@@ -212,7 +206,7 @@ class DitCache(DitBlocks, AttentionOverride):
         if COMPILE_KEY in wrappers and not self.config.is_identity:
             self._warn(
                 "compiled",
-                "ComfyUI's TorchCompileModel compiles this model: the token cache reads and writes its state at every block, "
+                f"ComfyUI's TorchCompileModel compiles this model: method={self.config.method!r} reads and writes its state at every block, "
                 "so the blocks run outside the compiled graph (eagerly, as without the compile node) and the layers around them compiled",
                 "the cache acts as it does uncompiled",
             )
@@ -263,13 +257,13 @@ class DitCache(DitBlocks, AttentionOverride):
 
 
 class _Running:
-    """The token cache's span of the block running in this thread, and the attention calls over its tokens so far."""
+    """The span of the block running in this thread, and the attention calls over its tokens so far."""
 
     def __init__(self, span: Any) -> None:
         self.span, self.sites = span, 0
 
 
-class BlockMerge:
+class BlockPatch:
     """The block replace patch of one block (``patches_replace["dit"][(kind, index)]``); ``previous``: the patch
     that stood there before (another node's), which it calls on the merged arguments. Shared by the MODEL's clones
     (``clone()`` deep-copies the options: this object is immutable)."""
@@ -280,20 +274,20 @@ class BlockMerge:
     def __call__(self, args: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         return self.patch.run(self.kind, self.key, args, extra, self.previous)
 
-    def __deepcopy__(self, memo: dict) -> BlockMerge:
+    def __deepcopy__(self, memo: dict) -> BlockPatch:
         return self
 
 
-class UntracedBlockMerge(BlockMerge):
-    """A :class:`BlockMerge` of a method that keeps state across a generation's calls (the token cache): never traced
+class UntracedBlockPatch(BlockPatch):
+    """A :class:`BlockPatch` of a method that keeps state across a generation's calls: never traced
     into a compiled graph (one object per block, which a graph guards on where ComfyUI keeps its guards)."""
 
-    __call__ = torch.compiler.disable(BlockMerge.__call__)
+    __call__ = torch.compiler.disable(BlockPatch.__call__)
 
 
-class LayerMerge:
+class LayerPatch:
     """The forward of one layer of a model whose blocks offer no replace patch (NextDiT), set on the layer while a call
-    of the patched model runs (:class:`WrappedLayers`): the layer run as a :class:`BlockMerge` runs its block, its
+    of the patched model runs (:class:`WrappedLayers`): the layer run as a :class:`BlockPatch` runs its block, its
     arguments ``(x, mask, rotary, modulation, ...)`` read as a block patch's ``img``, ``attn_mask``, ``pe``, ``vec``."""
 
     def __init__(self, patch: DitBlocks, kind: str, key: int, layer: torch.nn.Module) -> None:
@@ -314,7 +308,7 @@ class LayerMerge:
 
 class WrappedLayers:
     """The ``DIFFUSION_MODEL`` wrapper of one patched model without block patches: while any call of it runs, each of
-    its layers' ``forward`` is a :class:`LayerMerge` (an instance attribute, taken off when the last concurrent call
+    its layers' ``forward`` is a :class:`LayerPatch` (an instance attribute, taken off when the last concurrent call
     ends; the module tree, its weights and their names stay as they are). A call of another MODEL on the same weights
     meanwhile runs its layers whole (no tokenmerge call in that thread)."""
 
@@ -329,7 +323,7 @@ class WrappedLayers:
             if self._running == 0:
                 for number, (kind, attribute) in enumerate(self.patch.blocks.lists, 1):
                     for index, layer in enumerate(getattr(model, attribute, None) or ()):
-                        layer.forward = LayerMerge(self.patch, kind, block_key(number, index), layer)
+                        layer.forward = LayerPatch(self.patch, kind, block_key(number, index), layer)
             self._running += 1
         try:
             return executor(*args, **kwargs)
@@ -346,7 +340,7 @@ class WrappedLayers:
 
 
 def add_block_patches(patched: Any, patch: DitBlocks, diffusion_model: Any) -> None:
-    """Set a :class:`BlockMerge` on each block of ``diffusion_model`` in the clone ``patched``'s options, chaining the
+    """Set a :class:`BlockPatch` on each block of ``diffusion_model`` in the clone ``patched``'s options, chaining the
     patch each replaces (:func:`drop_block_patches` has taken an earlier tokenmerge one off); a model without block
     patches gets its :class:`WrappedLayers` instead."""
     if patch.blocks.wrapped:
@@ -356,7 +350,7 @@ def add_block_patches(patched: Any, patch: DitBlocks, diffusion_model: Any) -> N
         return
     options = patched.model_options.setdefault("transformer_options", {})
     replace = options.setdefault("patches_replace", {}).setdefault("dit", {})
-    merge = UntracedBlockMerge if patch.config.method_of.per_generation else BlockMerge
+    merge = UntracedBlockPatch if patch.config.method_of.per_generation else BlockPatch
     for number, (kind, attribute) in enumerate(patch.blocks.lists, 1):
         for index in range(len(getattr(diffusion_model, attribute, None) or ())):
             replace[(kind, index)] = merge(patch, kind, block_key(number, index), replace.get((kind, index)))
@@ -372,7 +366,7 @@ def drop_block_patches(patched: Any) -> bool:
     if found:
         patched.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY)
     for key, value in list(replace.items()):
-        if isinstance(value, BlockMerge):
+        if isinstance(value, BlockPatch):
             found = True
             if value.previous is None:
                 del replace[key]

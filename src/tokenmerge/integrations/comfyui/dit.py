@@ -14,10 +14,10 @@ is set, after the rotary embedding. Two pieces, both registered on a clone of th
   attention function: another node's override (SageAttention and the like) is chained, not replaced.
 
 Queries are all kept (every token gets its output); text, reference and conditioning tokens are never reduced;
-cross-attention (keys = text) is left alone. ToMe and the token cache run around whole blocks instead
-(:mod:`.blocks`): the override sees one attention call, not the block around it, so merged or cached tokens
-could not skip the MLP there (the token cache uses an override too, :class:`AttentionOverride`, to give its
-recomputed queries every token's keys).
+cross-attention (keys = text) is left alone. The methods whose spans run on gathered tokens run around whole blocks
+instead (:mod:`.blocks`): the override sees one attention call, not the block around it, so gathered tokens could
+not skip the MLP there (a span that fills keys uses an override too, :class:`AttentionOverride`, to give its
+gathered queries every token's keys).
 """
 
 from __future__ import annotations

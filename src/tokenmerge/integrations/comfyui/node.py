@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import OPTION_NAMES, TokenMergeConfig
-from ...methods import OPTIONS, OWNERS
+from ...methods import OPTIONS, OWNERS, SUMMARY
 from .route import COMFY_METHODS, patch_model
 
 # The node's inputs in the order saved workflows hold their widgets' values (positionally): the first node's
@@ -63,10 +63,7 @@ class TokenMergeNode:
     CATEGORY = "model_patches/unet"
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "patch"
-    DESCRIPTION = (
-        "Token merging (ToMe for SD) with merged queries, keys and values, key/value downsampling (todo/auto), or token-wise "
-        "caching across steps (tokencache, diffusion transformers); SDXL gets its level automatically."
-    )
+    DESCRIPTION = f"Reduces the tokens a diffusion model's blocks work on: {SUMMARY}. SDXL gets its level automatically."
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 from ...config import TokenMergeConfig
 from ...families import comfy_model_of
 from ...methods import methods_on
-from .blocks import DitBlocks, DitCache, add_block_patches, drop_block_patches
+from .blocks import DitBlocks, DitKeyFill, add_block_patches, drop_block_patches
 from .dit import OVERRIDE, WRAPPER_KEY, AttentionOverride, DitKeyValues, DitPatch
 from .unet import patch_unet
 
@@ -73,7 +73,7 @@ def patch_dit(model_patcher: Any, config: TokenMergeConfig) -> Any | None:
         patched.remove_wrappers_with_key("outer_sample", WRAPPER_KEY)
     patch = model.patch_of(diffusion_model)
     if route == "comfyui-blocks" and config.method_of.per_generation:
-        wrapper: DitPatch = DitCache(config, model, patch, previous, model.pad_of(diffusion_model))
+        wrapper: DitPatch = DitKeyFill(config, model, patch, previous, model.pad_of(diffusion_model))
         add_block_patches(patched, wrapper, diffusion_model)
         options[OVERRIDE] = wrapper
         patched.add_wrapper_with_key("outer_sample", WRAPPER_KEY, wrapper.sampling)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ...algorithms import MergePlan, TokenGrid, downsample_tokens
+from ...algorithms import TokenGrid, TokenSpan, downsample_tokens
 from ...config import TokenMergeConfig
 from ...families import ldm
 from ...methods import IDLE, BlockFacts
@@ -166,7 +166,7 @@ class ComfyTokenMerge(SharedPatch):
     def attn2_patch(self, n: torch.Tensor, context: torch.Tensor, value: torch.Tensor, extra_options: dict[str, Any]):
         state = self._state
         state.attn2 = None
-        plan: MergePlan | None = state.action.plan
+        plan: TokenSpan | None = state.action.plan
         if plan is None or n.shape[1] != plan.num_tokens:
             return n, context, value
         state.attn2 = plan
