@@ -113,7 +113,7 @@ def test_auto_leaving_every_block_alone_says_so_once():
                 model(**inputs)
     found = [m for m in _messages(caught) if "leaves every block" in m]
     assert found == [
-        "tokenmerge: method='auto' leaves every block of this FluxTransformer2DModel unchanged at this size: its largest "
+        "tokenmerge: FluxTransformer2DModel: method='auto' leaves every block unchanged at this size: its largest "
         "token grid, 8x8 = 64 tokens, is at most auto_min_tokens=1024, where attention is cheap next to the rest (no "
         "speed-up, by design). For a speed-up at this size use method='tome' or 'todo', or a lower auto_min_tokens"
     ]

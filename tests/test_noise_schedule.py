@@ -173,6 +173,6 @@ def test_an_unreadable_noise_level_is_said_even_after_another_warning():
     from tokenmerge.integrations.comfyui import ComfyTokenMerge
 
     patch = ComfyTokenMerge(TokenMergeConfig(method="todo", max_noise=0.5), 1, model_sampling=None)
-    patch._warned = True  # the grid warning of this patch fired already
+    patch.said.say("grid", "a grid warning")  # another warning of this patch fired already
     with pytest.warns(UserWarning, match="max_noise=0.5 cannot act: every step is reduced"):
         assert patch._noise({"sigmas": torch.tensor([1.0])}) == (None, None)

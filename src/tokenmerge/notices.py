@@ -24,6 +24,28 @@ def warn_at_caller(message: str) -> None:
     warnings.warn(message, stacklevel=level)
 
 
+class SayOnce:
+    """What one patch says once per topic, never once per block or call, while its options hold (``renew()`` when
+    they change lets each topic be said again): every front end's patch says through one."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix  # what every message starts with (the model's name)
+        self.said: dict[str, int] = {}  # topic -> the options epoch in which it was said
+        self.epoch = 0
+
+    def renew(self) -> None:
+        self.epoch += 1
+
+    def pending(self, topic: str) -> bool:
+        """Whether ``topic`` is yet to be said under these options (a message costly to make is made only then)."""
+        return self.said.get(topic) != self.epoch
+
+    def say(self, topic: str, message: str) -> None:
+        if self.pending(topic):
+            self.said[topic] = self.epoch
+            warn_at_caller(f"tokenmerge: {self.prefix}{message}")
+
+
 def _directory(name: str) -> str | None:
     module = sys.modules.get(name)
     paths = list(getattr(module, "__path__", None) or [])  # (a namespace package has no __file__)

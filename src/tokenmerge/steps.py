@@ -108,6 +108,17 @@ def few_step_clause(config: TokenMergeConfig) -> str:
     return f" ({config.method}'s default; on a schedule of at most {FEW_STEPS} steps, the last {share:.0%} of them instead)"
 
 
+def gate_notice(config: TokenMergeConfig, noise: float, every_step: str) -> str:
+    """What is said once where the noise gate leaves a call whole, in every front end's words alike;
+    ``every_step``: how a user of that front end reduces every step."""
+    default = few_step_clause(config) if config.max_noise is None else ""
+    return (
+        f"method={config.method!r} leaves this call whole: its noise level {noise:.3f} (1 = pure noise) is above "
+        f"max_noise={config.noise_limit:g}{default}, so only the later, less noisy steps are reduced (flow models shift "
+        f"their schedules toward noise: at large sizes or few steps none may be); {every_step} (faster, less faithful)"
+    )
+
+
 class StepTrack:
     """The noise levels of one thread's current generation, one per step: a call at the last step's level is the
     same step (classifier-free guidance's halves called apart), a noisier one starts a new generation."""

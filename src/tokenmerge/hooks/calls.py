@@ -12,9 +12,8 @@ from ..config import TokenMergeConfig
 from ..families import get as get_family
 from ..families.base import Declined
 from ..methods import IDLE, BlockFacts, PlanStore
-from ..notices import warn_at_caller
 from ..planning import decide, gated, noise_level
-from ..steps import StepPosition, counts_steps, few_step_clause, few_step_notice, locate, position_in
+from ..steps import StepPosition, counts_steps, few_step_notice, gate_notice, locate, position_in
 from . import dispatch
 from .parallel import ContextSplit, context_split
 from .sites import keyword_route
@@ -166,14 +165,8 @@ class BeginCall:
         if counts_steps(config, position):
             return  # said by _position
         if gated(config, noise, position):
-            default = few_step_clause(config) if config.max_noise is None else ""
-            self.patch.notice(
-                "noise gate",
-                f"method={config.method!r} leaves this call whole: its noise level {noise:.3f} (1 = pure noise) is above "
-                f"max_noise={config.noise_limit:g}{default}, so only the later, less noisy steps are reduced (flow pipelines "
-                "shift their schedules toward noise: at large sizes or few steps none may be). tokenmerge.describe(pipe, "
-                "steps=N, size=...) counts them; max_noise=1 reduces every step (faster, less faithful)",
-            )
+            every_step = "tokenmerge.describe(pipe, steps=N, size=...) counts the steps reduced; max_noise=1 reduces every step"
+            self.patch.notice("noise gate", gate_notice(config, noise, every_step))
 
     def _position(self, noise: float | None, config: TokenMergeConfig) -> StepPosition | None:
         """The call's step in its schedule where the default gate's few-step rule needs it: the patched pipeline's
@@ -228,13 +221,11 @@ class EndCall:
         grids = [layout.grid if layout.shard is None else layout.shard.whole for layout in call.layouts.values() if layout is not None]
         if not grids or not call.blocks or not all(b.action.idle for b in call.blocks.values()):  # (eager calls: see PlanBlock)
             return
-        if self.patch.idle_noticed == self.patch.epoch:
+        if not self.patch.said.pending("idle"):
             return
-        message = call.config.method_of.idle_notice(call.config, max(grids, key=lambda g: g.numel), type(module).__name__)
-        if message is None:
-            return
-        self.patch.idle_noticed = self.patch.epoch
-        warn_at_caller(f"tokenmerge: {message}")
+        message = call.config.method_of.idle_notice(call.config, max(grids, key=lambda g: g.numel))
+        if message is not None:
+            self.patch.notice("idle", message)
 
 
 class CaptureLayout:

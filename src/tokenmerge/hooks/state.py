@@ -26,8 +26,8 @@ from torch.utils.hooks import RemovableHandle
 
 from ..algorithms import TokenLayout
 from ..config import TokenMergeConfig
-from ..methods import BlockAction
-from ..notices import warn_at_caller
+from ..methods import BlockAction, ThreadGenerations
+from ..notices import SayOnce
 from ..steps import StepPosition, StepTrack
 from . import dispatch
 
@@ -160,8 +160,7 @@ class PatchState:
         self.hooks: dict[int, Any] = {}  # handle id -> the hook object (registered as it is, or not traced: bind_hooks)
         self.wrapped: list[tuple[torch.nn.Module, str]] = []  # (module, attribute) of removable wrappers
         self.routes_dispatch = False  # holds the diffusers dispatch route (hooks.dispatch) while installed
-        self.idle_noticed = -1  # the options epoch in which a method said it left every block whole
-        self.noticed: dict[str, int] = {}  # topic -> the options epoch in which it was said (once, not per block)
+        self.said = SayOnce(f"{type(layout.root).__name__}: ")
         # ToMe plans shared by the batch: only where this model's attention code took a per-sample table the way
         # hooks.tokens.SampleRows cannot give it (said once); every image of a batch then depends on the others.
         self.shared_plans = False
@@ -174,15 +173,14 @@ class PatchState:
     def notice(self, topic: str, message: str) -> None:
         """What every block would repeat (a context-parallel split it cannot reduce, a step cache in its merged
         spans) is said once per topic and options."""
-        if self.noticed.get(topic) != self.epoch:
-            self.noticed[topic] = self.epoch
-            warn_at_caller(f"tokenmerge: {type(self.layout.root).__name__}: {message}")
+        self.said.say(topic, message)
 
     def set_config(self, config: TokenMergeConfig) -> None:
         """New options for the calls that begin from now on; cached matchings are dropped."""
         stateful = self.config.method_of.per_generation
         self.config = config
         self.epoch += 1
+        self.said.renew()
         if config.method_of.per_generation != stateful:
             self.bind_hooks()
 
@@ -297,21 +295,15 @@ class PatchState:
     def generations(self) -> Any:
         """This thread's generations of a per-generation method (the store its ``new_generations`` makes), started
         afresh when the options change; dropped with the patch."""
-        found = getattr(self._local, "generations", None)
-        if found is None or found[0] != self.epoch:
-            found = self._local.generations = (self.epoch, self.config.method_of.new_generations())
-        return found[1]
+        return self._generations.of(self.config.method_of, self.epoch)
 
     def end_generations(self) -> None:
         """This thread's generations are over (a front end's generation ended, or begins): what they hold is freed."""
-        found = getattr(self._local, "generations", None)
-        if found is not None:
-            found[1].clear()
+        self._generations.end()
 
     def cache_bytes(self) -> int:
         """Bytes this thread's generations hold (0 for other methods)."""
-        found = getattr(self._local, "generations", None)
-        return 0 if found is None else found[1].nbytes
+        return self._generations.nbytes
 
     # -- recomputation in backward ----------------------------------------------------------------------
     def record(self, x: torch.Tensor, call: CallState) -> None:
@@ -335,7 +327,7 @@ class PatchState:
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy is not tied to the pipeline of the original (a weak reference, not picklable): it reads its calls.
-        return {k: v for k, v in self.__dict__.items() if k not in ("_records", "_recent", "_lock", "_local", "pipeline")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_records", "_recent", "_lock", "_local", "_generations", "pipeline")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -346,3 +338,4 @@ class PatchState:
         self._recent: deque[CallState] = deque(maxlen=self.RECENT_CALLS)
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._generations = ThreadGenerations()

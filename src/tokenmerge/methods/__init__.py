@@ -10,7 +10,7 @@ import dataclasses
 
 from ..options import COMMON, Option
 from .auto import AUTO_MAX_NOISE, Auto, auto_kv_factor, auto_kv_factors
-from .base import IDLE, ROUTES, BlockAction, BlockFacts, Method, PlanStore, idle
+from .base import IDLE, ROUTES, BlockAction, BlockFacts, Method, PlanStore, ThreadGenerations, idle
 from .todo import ToDo
 from .tokencache import TokenCache
 from .tome import ToMe, merge_count, plan_merge, window_of
@@ -55,6 +55,7 @@ __all__ = [
     "BlockFacts",
     "Method",
     "PlanStore",
+    "ThreadGenerations",
     "auto_kv_factor",
     "auto_kv_factors",
     "get",

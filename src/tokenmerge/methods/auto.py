@@ -91,11 +91,11 @@ class Auto(KeyValueMethod):
     def unchanged(self, config: TokenMergeConfig, grid: TokenGrid) -> str:
         return f"{grid.numel} tokens: at most auto_min_tokens"
 
-    def idle_notice(self, config: TokenMergeConfig, largest: TokenGrid, model: str) -> str | None:
+    def idle_notice(self, config: TokenMergeConfig, largest: TokenGrid) -> str | None:
         if largest.numel > config.auto_min_tokens:  # idle for another reason, said where it was found
             return None
         return (
-            f"method='auto' leaves every block of this {model} unchanged at this size: its largest token grid, {largest} = {largest.numel} "
+            f"method='auto' leaves every block unchanged at this size: its largest token grid, {largest} = {largest.numel} "
             f"tokens, is at most auto_min_tokens={config.auto_min_tokens}, where attention is cheap next to the rest (no "
             "speed-up, by design). For a speed-up at this size use method='tome' or 'todo', or a lower auto_min_tokens"
         )

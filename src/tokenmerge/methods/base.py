@@ -9,6 +9,7 @@ method. Nothing here imports a model library or the option set (:mod:`tokenmerge
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -107,6 +108,41 @@ class BlockFacts:
     generation: Any = None  # the call's generation state (methods with per_generation)
 
 
+class ThreadGenerations:
+    """Where a patch keeps a per-generation method's generations: one store per thread (the one its
+    ``new_generations`` makes), made afresh when ``epoch`` (the options') changes. Every front end keeps its
+    generations in one: the diffusers and ldm hooks, both ComfyUI routes, the webui. Not pickled (a copy starts
+    afresh)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._local = threading.local()
+
+    def of(self, method: Method, epoch: int = 0) -> Any:
+        """This thread's store for ``method`` under options ``epoch``."""
+        found = getattr(self._local, "store", None)
+        if found is None or found[0] != epoch:
+            found = self._local.store = (epoch, method.new_generations())
+        return found[1]
+
+    def end(self) -> None:
+        """This thread's generations are over: what they hold is freed, the next call starts afresh."""
+        found = getattr(self._local, "store", None)
+        if found is not None:
+            found[1].clear()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this thread's generations hold."""
+        found = getattr(self._local, "store", None)
+        return 0 if found is None else found[1].nbytes
+
+
 @dataclass
 class PlanStore:
     """Where one call keeps plans it may reuse: ``call`` (per call: one plan per level, ``share_plan``) and ``steps``
@@ -200,7 +236,7 @@ class Method:
         """(option, value in effect) of an option that acts on a video's frames, set away from its default."""
         return None
 
-    def idle_notice(self, config: TokenMergeConfig, largest: TokenGrid, model: str) -> str | None:
-        """What to say when the method left every block of a call of ``model`` (its class) whole by its own rule, whose
-        largest token grid was ``largest`` (None: nothing)."""
+    def idle_notice(self, config: TokenMergeConfig, largest: TokenGrid) -> str | None:
+        """What to say when the method left every block of a call whole by its own rule, whose largest token grid was
+        ``largest`` (None: nothing)."""
         return None

@@ -22,7 +22,6 @@ gathered queries every token's keys).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +30,7 @@ import torch
 from ...algorithms import TokenGrid, reduce_keys_values
 from ...config import TokenMergeConfig
 from ...families import ComfyModel
-from ...methods import BlockAction, BlockFacts
-from ...notices import warn_at_caller
+from ...methods import BlockAction, BlockFacts, ThreadGenerations
 from ...planning import decide
 from ...steps import StepPosition
 from .shared import SharedPatch, comfy_step
@@ -78,10 +76,10 @@ class DitPatch(SharedPatch):
     thread: the override and block patches see only their own arguments)."""
 
     def __init__(self, config: TokenMergeConfig, model: ComfyModel, patch: tuple[int, ...], pad: int = 1) -> None:
-        self.config, self.model, self.patch = config, model, patch
+        super().__init__(config, f"{model.title}: ")
+        self.model, self.patch = model, patch
         self.pad = pad  # ComfyModel.pad_of the instance (Z-Image: 32)
-        self._local = threading.local()
-        self._said: set[str] = set()
+        self._generations = ThreadGenerations()
 
     def apply_model(self, executor: Any, x: torch.Tensor, t: Any, c_concat: Any = None, c_crossattn: Any = None, *args: Any, **kwargs: Any):
         text = c_crossattn.shape[1] if isinstance(c_crossattn, torch.Tensor) and c_crossattn.ndim == 3 else 0
@@ -123,19 +121,16 @@ class DitPatch(SharedPatch):
 
     def generations(self) -> Any:
         """This thread's generations of a per-generation method (the store its ``new_generations`` makes)."""
-        found = getattr(self._local, "generations", None)
-        if found is None:
-            found = self._local.generations = self.config.method_of.new_generations()
-        return found
+        return self._generations.of(self.config.method_of)
 
     def sampling(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
         """The ``OUTER_SAMPLE`` wrapper of a per-generation method: one sampling run is one generation; what it cached
         is freed when it ends (and a run never starts from another's)."""
-        self._local.__dict__.pop("generations", None)
+        self._generations.end()
         try:
             return executor(*args, **kwargs)
         finally:
-            self._local.__dict__.pop("generations", None)
+            self._generations.end()
 
     def declined(self, kwargs: dict[str, Any]) -> str | None:
         """Why a call with these ``apply_model`` keywords runs unchanged (None: it does not)."""
@@ -148,9 +143,7 @@ class DitPatch(SharedPatch):
         return calls[-1] if calls else None
 
     def _warn(self, cause: str, message: str, outcome: str = "such calls run unchanged") -> None:
-        if cause not in self._said:
-            self._said.add(cause)
-            warn_at_caller(f"tokenmerge: {self.model.title}: {message}; {outcome}")
+        self.said.say(cause, f"{message}; {outcome}")
 
 
 class AttentionOverride(DitPatch):

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from ...config import TokenMergeConfig
-from ...notices import warn_at_caller
+from ...notices import SayOnce
 from ...planning import gated
-from ...steps import StepPosition, StepTrack, counts_steps, few_step_clause, few_step_notice, locate
+from ...steps import StepPosition, StepTrack, counts_steps, few_step_notice, gate_notice, locate
 
 
 def model_sampling_of(model_patcher: Any) -> Any:
@@ -62,10 +62,12 @@ class SharedPatch:
     which pickling leaves out."""
 
     _local: threading.local
-    _noise_warned = False
-    _gate_noticed = False
-    _few_noticed = False
     config: TokenMergeConfig
+
+    def __init__(self, config: TokenMergeConfig, prefix: str = "") -> None:
+        self.config = config
+        self._local = threading.local()
+        self.said = SayOnce(prefix)  # (one patch, one set of options: said once per patch)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_local"}
@@ -85,33 +87,23 @@ class SharedPatch:
             return None
         levels = comfy_levels(model_sampling, options.get("sample_sigmas") if isinstance(options, dict) else None)
         position = locate(self._local.__dict__.setdefault("steps", StepTrack()), levels, noise)
-        if position is not None and position.few and not self._few_noticed:
-            self._few_noticed = True
+        if position is not None and position.few:
             source = "the sampler's sigmas" if position.known else "its steps"
-            warn_at_caller(f"tokenmerge: {few_step_notice(self.config, position, source)}")
+            self.said.say("few steps", few_step_notice(self.config, position, source))
         return position
 
     def notice_gate(self, noise: float | None, position: StepPosition | None) -> None:
         """A step the noise gate leaves whole is said once per patch (a few-step schedule is said apart)."""
-        if self._gate_noticed or counts_steps(self.config, position):
-            return
-        if gated(self.config, noise, position):
-            self._gate_noticed = True
-            default = few_step_clause(self.config) if self.config.max_noise is None else ""
-            warn_at_caller(
-                f"tokenmerge: method={self.config.method!r} leaves this step whole: its noise level {noise:.3f} (1 = pure noise) "
-                f"is above max_noise={self.config.noise_limit:g}{default}, so only the later, less noisy steps are reduced (flow "
-                "models' shifted schedules may have none at large sizes or few steps); set max_noise=1 on the node to reduce "
-                "every step (faster, less faithful)"
-            )
+        if self.said.pending("noise gate") and not counts_steps(self.config, position) and gated(self.config, noise, position):
+            self.said.say("noise gate", gate_notice(self.config, noise, "max_noise=1 on the node reduces every step"))
 
     def step_noise(self, model_sampling: Any, sigma: Any, noise: float | None = None) -> float | None:
         """:func:`comfy_noise` of a step (``noise``: read already); where it cannot be read, one warning per patch
         that ``max_noise`` cannot act (its own flag: a warning about something else must not hide it)."""
         noise = comfy_noise(model_sampling, sigma) if noise is None else noise
-        if noise is None and not self._noise_warned:
-            self._noise_warned = True
-            warn_at_caller(
-                f"tokenmerge: this step's noise level cannot be read, so max_noise={self.config.noise_limit:g} cannot act: every step is reduced",
+        if noise is None:
+            self.said.say(
+                "noise unread",
+                f"this step's noise level cannot be read, so max_noise={self.config.noise_limit:g} cannot act: every step is reduced",
             )
         return noise

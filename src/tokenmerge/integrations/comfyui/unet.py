@@ -20,7 +20,6 @@ The state between a block's attn1 patch and its output patch is per thread.
 from __future__ import annotations
 
 import functools
-import threading
 import warnings
 from typing import Any
 
@@ -30,7 +29,6 @@ from ...algorithms import TokenGrid, TokenSpan, downsample_tokens
 from ...config import TokenMergeConfig
 from ...families import ldm
 from ...methods import IDLE, BlockFacts
-from ...notices import warn_at_caller
 from ...planning import block_key, decide
 from ...steps import StepPosition
 from .shared import SharedPatch, model_sampling_of
@@ -77,7 +75,7 @@ class ComfyTokenMerge(SharedPatch):
             raise ValueError("merge_mlp is not available in ComfyUI: it has no patch point around the MLP")
         if config.share_plan or config.reuse_steps != 1:
             raise ValueError("share_plan and reuse_steps are not available in ComfyUI's patch points; leave them at False and 1")
-        self.config = config
+        super().__init__(config)
         self.top_level = top_level
         self.model_sampling = model_sampling
         if not config.is_identity and not config.merges_level(top_level, top_level):
@@ -86,8 +84,6 @@ class ComfyTokenMerge(SharedPatch):
                 f"model's highest attention level is {top_level}; use auto or >= {top_level}",
                 stacklevel=3,
             )
-        self._local = threading.local()
-        self._warned = False
 
     @property
     def _state(self) -> Any:
@@ -114,12 +110,10 @@ class ComfyTokenMerge(SharedPatch):
             return None, 0
         found = token_grid(extra_options["original_shape"], n.shape[1])
         if found is None:
-            if not self._warned:
-                self._warned = True
-                warn_at_caller(
-                    f"tokenmerge: {n.shape[1]} tokens match no level of a {tuple(extra_options['original_shape'][-2:])} "
-                    "latent; such blocks are not merged",
-                )
+            self.said.say(
+                "grid",
+                f"{n.shape[1]} tokens match no level of a {tuple(extra_options['original_shape'][-2:])} latent; such blocks are not merged",
+            )
             return None, 0
         return found
 
