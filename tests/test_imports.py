@@ -84,3 +84,16 @@ def test_the_core_never_imports_the_front_ends_or_the_tools():
         if name == "tokenmerge" or name.startswith(ON_TOP):
             continue
         assert not [m for m in imported if m.startswith(ON_TOP)], name
+
+
+def test_only_its_module_and_the_registry_name_the_token_cache():
+    """The core, the hooks and the front ends carry out block actions and spans without knowing which method made
+    them: the newest method's name is written in its own module and in the registry only (the tools, which label
+    published results, aside). (The older methods' names are common words, "auto" and "todo", or ToMe's, whose
+    merge the algorithms are named for.)"""
+    naming = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if "tools" not in path.parts and any(w in path.read_text().lower() for w in ("tokencache", "token cache"))
+    )
+    assert naming == ["methods/__init__.py", "methods/tokencache.py"]

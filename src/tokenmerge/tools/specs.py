@@ -19,11 +19,13 @@ from typing import Any
 
 from .. import apply_patch, remove_patch
 from ..config import OPTION_NAMES, TokenMergeConfig, ignored_by
-from ..methods import OPTIONS, REGISTRY
+from ..methods import METHODS, OPTIONS, REGISTRY
 from .caches import CACHES, NAMES, Clock, enable_cache
 from .pipelines import PIPELINE_ACCELERATORS, PIPELINE_NAMES
 
-SPEC_METHODS = ("tome", "todo", "auto", "tokencache", "tomesd")  # "none": accelerators alone
+SPEC_METHODS = (*METHODS, "tomesd")  # "none": accelerators alone
+# How results name a configuration: "tokenmerge {method} {value}", but for these (the labels earlier results carry)
+_LABELS = {"tome": "tokenmerge r={}", "todo": "tokenmerge todo f={}"}
 ACCELERATORS = (*PIPELINE_ACCELERATORS, *CACHES)
 _FORMAT = f"tome:0.5, todo:2, auto, tokencache[:0.25] or tomesd:0.5, optionally followed by ,option=value and +accelerator ({', '.join(ACCELERATORS)})"
 
@@ -68,7 +70,8 @@ class PatchSpec:
     def _parse_patch(cls, text: str, spec: str) -> PatchSpec:
         head, *extras = text.split(",")
         method, _, value = head.partition(":")
-        if method not in SPEC_METHODS or (method == "auto" and value) or (method not in ("auto", "tokencache") and not value):
+        primary = REGISTRY[method].primary if method in REGISTRY else "ratio"  # (tomesd's)
+        if method not in SPEC_METHODS or (primary is None and value) or (method in ("tome", "todo", "tomesd") and not value):
             raise ValueError(f"configuration must look like {_FORMAT}; got {spec!r}")
         options: dict[str, Any] = {}
         for extra in extras:
@@ -108,16 +111,7 @@ class PatchSpec:
             head = f"tomesd 0.1.3 r={self.value:g}"
         else:
             value = "x".join(map(str, self.value)) if isinstance(self.value, tuple) else f"{self.value:g}" if self.value is not None else ""
-            head = (
-                {
-                    "tome": "tokenmerge r={}",
-                    "todo": "tokenmerge todo f={}",
-                    "auto": "tokenmerge auto",
-                    "tokencache": "tokenmerge tokencache {}",
-                }[self.method]
-                .format(value)
-                .rstrip()
-            )
+            head = _LABELS.get(self.method, f"tokenmerge {self.method} {{}}").format(value).rstrip()
             head += "".join(f" {k}={v}" for k, v in self.options.items())
         return " + ".join([head, *accelerators])
 
