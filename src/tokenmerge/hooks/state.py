@@ -82,7 +82,7 @@ class CallState:
     split: Any = None  # hooks.parallel.ContextSplit: the context-parallel split this call runs under, if any
     noise: float | None = None  # the call's noise level where max_noise needs it (planning.noise_level)
     position: StepPosition | None = None  # the call's step in its schedule, where the few-step rule needs it
-    cache_lists: Any = None  # hooks.step_caches.cache_dit_lists of the denoiser, read as the call began (tome only)
+    cache_lists: Any = None  # hooks.step_caches.cache_dit_lists of the denoiser, read as the call began (methods that gather tokens)
     generation: Any = None  # a per-generation method's state of this call (one of its generations' slots)
 
 
