@@ -65,7 +65,7 @@ def test_widget_defaults_give_the_defaults_in_every_front_end():
 
 
 @pytest.mark.parametrize("name", OPTION_NAMES)
-def test_every_widget_value_is_accepted_and_none_has_a_word_or_zero(name):
+def test_every_widget_value_is_accepted_and_none_has_a_word_or_its_number(name):
     option = OPTIONS[name]
     if option.words is not None:
         for word in option.words:
@@ -76,11 +76,12 @@ def test_every_widget_value_is_accepted_and_none_has_a_word_or_zero(name):
         low, high = option.widget_range
         for value in (low, high):
             converted = option.from_widget(value)
-            if name == "max_noise" or (option.none is not None and value == 0):
+            if name == "max_noise" or (option.none is not None and value == option.widget_none):
                 continue
             TokenMergeConfig(**{name: converted})
-        if option.none is not None:
-            assert option.from_widget(0) is None
+        if option.none is not None:  # 0, or -1 where 0 is a value of its own (full_steps=0: no full step first)
+            assert option.from_widget(option.widget_none) is None
+            assert option.widget_none == 0 or option.check(0) == 0
 
 
 @pytest.mark.parametrize("name", [n for n in OPTION_NAMES if OPTIONS[n].kind in ("real", "int")])

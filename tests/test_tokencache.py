@@ -9,6 +9,7 @@ options; composition with a step cache; the UNet routes (diffusers and ldm).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import warnings
@@ -159,6 +160,22 @@ def test_recompute_one_is_the_identity():
     with tokenmerge.patched(model_of("flux"), method="tokencache", recompute=1, full_steps=0, refresh_every=9):
         assert all(torch.equal(a, b) for a, b in zip(run("flux", calls), vanilla))
         assert "0 of 3 blocks patched" in str(tokenmerge.describe(model_of("flux"), (8, 8)))
+
+
+def test_a_preset_gives_its_settings_and_the_options_given_override_them():
+    """preset="fast" runs as its four settings given by hand (bit for bit), an option given overrides its preset's
+    value, and the default preset is the quality one."""
+    fast = tokencache.PRESETS["fast"]
+    assert tokencache.settings(tokenmerge.TokenMergeConfig(method="tokencache")) == tokencache.PRESETS["quality"]
+    given = tokenmerge.TokenMergeConfig(method="tokencache", preset="fast", full_steps=0)
+    assert tokencache.settings(given) == dataclasses.replace(fast, full_steps=0)
+    calls = generation("flux", calls=8)
+    outputs = []
+    for options in (dict(preset="fast", full_steps=1), dict(recompute=0.05, refresh_every=14, full_steps=1, forecast=0.0)):
+        with tokenmerge.patched(model_of("flux"), method="tokencache", **options):
+            outputs.append(run("flux", calls))
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
+    assert not torch.equal(outputs[0][-1], run("flux", calls[-1:])[0])  # (and it acted)
 
 
 def test_a_new_generation_starts_afresh():

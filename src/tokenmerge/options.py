@@ -34,7 +34,7 @@ def _is_bool(value: Any) -> bool:
 class Option:
     """One option. ``low``/``high``: a number's bounds (``open``: which of them are excluded, "low", "high" or
     "both"); ``none``: what None means where it is accepted (a widget shows it as ``none_word`` among the choices, or
-    as 0 for a number, which is then outside its range); ``advanced``:
+    as ``widget_none`` for a number, 0 unless 0 is a value of its own); ``advanced``:
     a front end may fold it away (the ComfyUI node makes it an optional input); ``widget_max``: a slider's end where
     the range is open; ``doc``: more than the one-line ``help`` (docs/options.md, the config's docstring)."""
 
@@ -52,6 +52,7 @@ class Option:
     widget_max: float | None = None
     step: float | None = None
     doc: str = ""
+    widget_none: float = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -152,23 +153,23 @@ class Option:
         """``help`` with what a widget's None stands for (its word, or 0), as the front ends label it."""
         if self.none is None or self.kind == "seed":  # (a seed's None is 0 itself)
             return self.help
-        return f"{self.help} ({self.words[0] if self.words else 0}: {self.none})"
+        return f"{self.help} ({self.words[0] if self.words else _num(self.widget_none)}: {self.none})"
 
     @property
     def widget_default(self) -> Any:
-        """The default as the widget shows it (None: its word, or 0 for a number)."""
+        """The default as the widget shows it (None: its word, or ``widget_none`` for a number)."""
         if self.words is not None:
             if self.default is None:
                 return self.words[0]
             return ("on" if self.default else "off") if self.kind == "bool" else str(self.default)
-        return 0 if self.default is None else self.default
+        return self.widget_none if self.default is None else self.default
 
     @property
     def widget_range(self) -> tuple[float, float]:
-        """A number widget's (min, max): 0 where it stands for None (outside the option's range), an excluded
-        bound moved in by a step."""
+        """A number widget's (min, max): ``widget_none`` where it stands for None (outside the option's range), an
+        excluded bound moved in by a step."""
         step = self.step or 1
-        low = 0 if self.none is not None or self.kind == "seed" else (self.low if self.low is not None else 0)
+        low = self.widget_none if self.none is not None else 0 if self.kind == "seed" else (self.low if self.low is not None else 0)
         if self.none is None and self.open in ("low", "both"):
             low = low + step
         high = self.widget_max if self.widget_max is not None else self.high if self.high is not None else 2**63 - 1
@@ -182,7 +183,7 @@ class Option:
             if self.kind == "power2":
                 return int(value) if str(value).isdigit() else value
             return {"on": True, "off": False}.get(value, value) if self.kind == "bool" else value
-        if self.none is not None and value == 0:
+        if self.none is not None and value == self.widget_none:
             return None
         if self.kind in ("int", "seed", "factor") and isinstance(value, float) and value.is_integer():
             return int(value)  # (gradio's Number gives floats)
