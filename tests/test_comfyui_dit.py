@@ -266,7 +266,7 @@ def _tokencache_blocks(comfy_dits, node, name: str, model, found) -> dict:
         for hook in hooks:
             hook.remove()
     cache = patched.model_options["transformer_options"]["optimized_attention_override"]
-    held_after = getattr(cache._local, "generations", None)
+    held_after = cache._generations.nbytes
     again = comfy_dits.sample(patched, name, STEPS)
     later = node.patch(model, **CACHE)[0]
     counter = comfy_dits.KeyCounter()  # another node's override set after tokenmerge's: it gets every key
@@ -277,7 +277,7 @@ def _tokencache_blocks(comfy_dits, node, name: str, model, found) -> dict:
         "identity_equal": bool(torch.equal(identity, vanilla)),
         "rel_l2": comfy_dits.relative_l2(first, vanilla),
         "deterministic": bool(torch.equal(first, again)),
-        "freed": held_after is None,
+        "freed": held_after == 0,
         "seen_plain": seen_plain,
         "seen_cache": seen_cache,
         "calls_later": counter.calls,
@@ -304,10 +304,10 @@ def _tokencache_workflows(comfy_dits, node, name: str = "flux", steps: int = 8) 
     cache = patched.model_options["transformer_options"]["optimized_attention_override"]
     positive, negative = comfy_dits.conditioning(name)
 
-    def run(m, sampler="euler", latent=None, **kwargs):
+    def run(m, sampler="euler", latent=None, n=steps, **kwargs):
         latent = latent or comfy_dits.latent(name)
         with torch.inference_mode():
-            return nodes.common_ksampler(m, 0, steps, 2.0, sampler, "simple", positive, negative, latent, **kwargs)[0]["samples"]
+            return nodes.common_ksampler(m, 0, n, 2.0, sampler, "simple", positive, negative, latent, **kwargs)[0]["samples"]
 
     samplers = {}
     for sampler in SAMPLERS:
@@ -344,7 +344,7 @@ def _tokencache_workflows(comfy_dits, node, name: str = "flux", steps: int = 8) 
                 seed=0,
             )
     except comfy.model_management.InterruptProcessingException:
-        cancelled = getattr(cache._local, "generations", None) is None
+        cancelled = cache._generations.nbytes == 0
     after_cancel = run(patched)
     other = node.patch(comfy_dits.build(name, seed=1), **options)[0]
     first_half = run(patched, start_step=0, last_step=4, force_full_denoise=False)
@@ -366,10 +366,14 @@ def _tokencache_workflows(comfy_dits, node, name: str = "flux", steps: int = 8) 
     fresh = model.clone()
     fresh.add_patches({key: (0.05 * torch.ones_like(fresh.model.state_dict()[key]),)}, 1.0)
     changed_alone = run(node.patch(fresh, **options)[0])
+    few = {k: run(m, n=4) for k, m in (("vanilla", model), ("preset", node.patch(model, method="tokencache")[0]))}
+    few["given"] = run(node.patch(model, method="tokencache", full_steps=3)[0], n=4)
     fp8 = comfy_dits.build(name, weight_dtype=torch.float8_e4m3fn)
     fp8_vanilla, fp8_cached = run(fp8), run(node.patch(fp8, **options)[0])
     return {
         "samplers": samplers,
+        "few_step_rel_l2": comfy_dits.relative_l2(few["preset"], few["vanilla"]),
+        "few_step_given_equal": bool(torch.equal(few["given"], few["vanilla"])),
         "cancelled_and_freed": cancelled,
         "after_cancel_equal": bool(torch.equal(after_cancel, alone)),
         "split_equal": bool(torch.equal(second_half, second_alone)),
@@ -694,11 +698,14 @@ def test_tokencache_through_the_samplers_and_chains_people_use(comfyui):
     """The samplers people use (ancestral, SDE, second-order, multistep, LCM) run deterministic and act; a cancelled
     prompt frees its cache and the same run after it equals it alone; KSamplerAdvanced's second half on another model
     equals that half alone; image 0 of a batch of two is the image made alone; weights changed between prompts (a LoRA)
-    give the run with those weights alone; fp8 weight storage stays as close to its vanilla as fp32 does."""
+    give the run with those weights alone; fp8 weight storage stays as close to its vanilla as fp32 does; a 4-step
+    schedule is cached from its second step."""
     found = comfyui["workflows"]
     for sampler, run in found["samplers"].items():
         assert run["deterministic"] and run["finite"] and 1e-5 < run["rel_l2"] < 1.0, (sampler, run)
     assert found["cancelled_and_freed"] and found["after_cancel_equal"]
+    # a 4-step schedule (the sampler's sigmas) is cached from its second step by the preset; full_steps given holds
+    assert 1e-5 < found["few_step_rel_l2"] < 1.0 and found["few_step_given_equal"], found
     assert found["split_equal"] and found["batch_rel"] < 1e-4
     assert found["weights_changed_equal"] and found["weights_changed_differs"]
     assert 1e-5 < found["fp8_rel_l2"] <= 2 * found["fp32_rel_l2"] + 0.02, found

@@ -296,7 +296,10 @@ def test_gradient_checkpointing_gives_the_gradients_of_the_plain_forward(name, m
             found.append(x.grad)
         return found
 
-    plain, checkpointed = gradients()
+    try:
+        plain, checkpointed = gradients()
+    except TypeError as error:  # (HunyuanImage in diffusers 0.42.1 hands its checkpoint function keywords it does not take)
+        pytest.skip(f"{type(model).__name__}'s own checkpointed forward fails unpatched (upstream): {error}")
     if not torch.allclose(plain, checkpointed, rtol=1e-4, atol=1e-6):
         pytest.skip(f"{type(model).__name__}'s own checkpointed forward differs from its plain one (upstream)")
     with tokenmerge.patched(model, **METHODS[method]):

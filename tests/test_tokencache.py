@@ -97,7 +97,7 @@ def test_a_cached_step_that_recomputes_every_token_equals_vanilla(name, monkeypa
     """With a window of one token every image token is gathered, run and scattered back, its attention handed the
     keys and values of the span's cache: the output equals vanilla up to float rounding. (Any misplaced rotary row,
     mask column or key would show.)"""
-    monkeypatch.setattr(tokencache, "window_of", lambda config: 1)
+    monkeypatch.setattr(tokencache, "window_of", lambda config, steps=None: 1)
     calls = generation(name, calls=4)
     vanilla = run(name, calls)
     with warnings.catch_warnings():

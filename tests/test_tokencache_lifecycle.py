@@ -122,6 +122,27 @@ def test_a_schedule_too_short_is_said_once_and_counted_by_describe():
     assert not [w for w in caught if "none is cached" in str(w.message)]
 
 
+def test_a_few_step_schedule_is_cached_from_its_second_step():
+    """Where full_steps and refresh_every are not given, a known schedule of at most 10 steps (a distilled model's)
+    computes its first step fully and caches every later one (the preset's few-step share recomputed); a one-step
+    schedule has nothing to cache and says so; full_steps given keeps its meaning."""
+    pipe, _, call = _pipes()
+    tokenmerge.update_options(pipe, recompute=None, full_steps=None, refresh_every=None)  # the quality preset
+    assert "caches 3 of 4 (from step 2 on)" in tokenmerge.describe(pipe, size=64, steps=4).denoisers[0].steps
+    assert "caches 20 of 28 (from step 5 on)" in tokenmerge.describe(pipe, size=64, steps=28).denoisers[0].steps
+    with tokenmerge.patched(pipe, method="tome", ratio=0.0):
+        vanilla = _txt2img(pipe, call, steps=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patched = _txt2img(pipe, call, steps=4)
+        _txt2img(pipe, call, steps=1)
+    assert 0 < ((patched - vanilla).norm() / vanilla.norm()).item() < 0.5
+    said = [str(w.message) for w in caught if "none is cached" in str(w.message)]
+    assert len(said) == 1 and "this schedule has 1 step(s)" in said[0]
+    tokenmerge.update_options(pipe, full_steps=3)
+    assert "caches 0 of 4" in tokenmerge.describe(pipe, size=64, steps=4).denoisers[0].steps
+
+
 def _calls(model, levels, seed=0):
     base = transformer_inputs(model, "flux", 8, 8, batch=1, seed=seed, text_tokens=5)
     return [at_noise(base, timestep_scale(model), level) for level in levels]

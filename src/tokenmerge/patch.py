@@ -270,7 +270,7 @@ def patched(model: Any, *args: Any, **options: Any) -> Iterator[Any]:
     """``with tokenmerge.patched(pipe, ratio=0.5): ...``: the patch holds inside the block; after it (also on an
     exception) the model is as it was found: unpatched, or patched by tokenmerge with its earlier options (each
     denoiser its own). A tomesd patch it replaced is not put back (said)."""
-    before = [(root, state.config) for root, state in _patched_states(model)]
+    before = [(root, state.config, state.pipeline) for root, state in _patched_states(model)]
     had_tomesd = any(isinstance(vars(m).get("_tome_info"), dict) for m in _all_modules(model))
     apply_patch(model, *args, **options)
     try:
@@ -279,7 +279,9 @@ def patched(model: Any, *args: Any, **options: Any) -> Iterator[Any]:
         remove_patch(model)
         with warnings.catch_warnings():  # said when these options were first applied
             warnings.simplefilter("ignore")
-            for root, config in before:
+            for root, config, pipeline in before:
                 apply_patch(root, config=config)
+                for _, state in _patched_states(root):  # (its pipeline's schedule still scopes its generations)
+                    state.pipeline = pipeline
         if had_tomesd:
             warn_at_caller("tokenmerge: patched() replaced a tomesd patch; it is not put back (call tomesd.apply_patch again)")

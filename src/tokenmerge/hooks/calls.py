@@ -130,7 +130,8 @@ class BeginCall:
         message = config.method_of.short_schedule(config, position.total)  # a schedule too short to act on: said once
         if message is not None:
             self.patch.notice("short schedule", message)
-        return self.patch.generations().begin_call(config, x, values, noise, schedule[0], position.index == position.total - 1)
+        final = position.index == position.total - 1
+        return self.patch.generations().begin_call(config, x, values, noise, schedule[0], final, position.total)
 
     def _notice_extrapolation(self) -> None:
         """A step cache forecasting its residuals under tome is said once: it runs, but loses more than either alone."""

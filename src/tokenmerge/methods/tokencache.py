@@ -35,6 +35,7 @@ import torch
 from ..algorithms import AROUND_BLOCK, Shard, TokenGrid
 from ..algorithms.stores import CACHE_DTYPES, RowStore, store
 from ..options import Option
+from ..steps import FEW_STEPS
 from .base import BlockAction, BlockFacts, Method, idle
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class Generation:
     keys: dict[tuple, KeyValues] = field(default_factory=dict)  # (block, site) -> its keys, values, image start
     full: bool = True  # this call computes every token
     final: bool = False  # this call is the last step of its generation's known schedule: nothing is recorded
+    schedule: int | None = None  # the steps of its schedule, where the front end knows them
     cache_dtype: str | None = None  # how its caches are kept (the option cache_dtype)
     selections: dict[tuple, torch.Tensor] = field(default_factory=dict)  # grid shape -> (B, k) this call's tokens
     forecast: float = 0.0  # how far the cached outputs move on (the option forecast)
@@ -121,14 +123,23 @@ class Generations:
         return generation
 
     def begin_call(
-        self, config: TokenMergeConfig, x: Any, timestep: list[float] | None, noise: float | None, marker: Any = None, final: bool = False
+        self,
+        config: TokenMergeConfig,
+        x: Any,
+        timestep: list[float] | None,
+        noise: float | None,
+        marker: Any = None,
+        final: bool = False,
+        steps: int | None = None,
     ) -> Generation:
         """The generation a model call on ``x`` at ``timestep`` (its values, read once by the front end) belongs to,
         begun for ``config``'s method: what every front end does at the start of a call. ``final``: the call is its
-        schedule's last step (nothing after it reads what it would record)."""
+        schedule's last step (nothing after it reads what it would record); ``steps``: its schedule's length, where
+        the front end knows it."""
         key = (x.shape[0], x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else None
         generation = self.begin(timestep, noise, key, marker)
         generation.final = final
+        generation.schedule = steps if steps is not None else generation.schedule
         config.method_of.begin(config, generation)
         return generation
 
@@ -328,12 +339,20 @@ class Settings:
 # The presets (the option preset), each a point of the frontier measured on the reference models (docs/tokencache.md):
 # quality, 2.8x less work, the closest to vanilla at that work; fast, 5.3x, still above ToMe r=0.5 on every seed.
 PRESETS = {"quality": Settings(0.1, 6, 3, 0.0), "fast": Settings(0.05, 14, 2, 0.0)}
+# On a known schedule of at most FEW_STEPS steps (a distilled model's) where neither full_steps nor refresh_every is
+# given: the first step computed fully and every later one cached (full_steps 0, refresh_every the schedule's length:
+# step 0 is the one refresh), recomputing
+# this share (docs/few_steps.md, measured on the 4-step yardstick).
+FEW_STEP_RECOMPUTE = {"quality": 0.25, "fast": 0.1}
 
 
 @functools.lru_cache(maxsize=64)
-def settings(config: TokenMergeConfig) -> Settings:
-    """The settings in force: each option that is given, else its preset's."""
+def settings(config: TokenMergeConfig, steps: int | None = None) -> Settings:
+    """The settings in force on a schedule of ``steps`` steps (None: not known): each option that is given, else its
+    preset's, or on a few-step schedule its few-step rule's."""
     preset = PRESETS[config.preset]
+    if steps is not None and steps <= FEW_STEPS and config.full_steps is None and config.refresh_every is None:
+        preset = Settings(FEW_STEP_RECOMPUTE[config.preset], steps, 0, preset.forecast)
     return Settings(*(getattr(preset, name) if getattr(config, name) is None else getattr(config, name) for name in SETTINGS))
 
 
@@ -345,17 +364,17 @@ def _preset_values(name: str) -> str:
     return "the preset's: " + ", ".join(f"{getattr(s, name):g} ({preset})" for preset, s in PRESETS.items())
 
 
-def cached_step(config: TokenMergeConfig, step: int) -> bool:
-    """Whether a generation's ``step`` (0-based) is a cached one: after the first ``full_steps``, all but every
-    ``refresh_every``-th."""
-    s = settings(config)
+def cached_step(config: TokenMergeConfig, step: int, steps: int | None = None) -> bool:
+    """Whether a generation's ``step`` (0-based) of ``steps`` (where known) is a cached one: after the first
+    ``full_steps``, all but every ``refresh_every``-th."""
+    s = settings(config, steps)
     after = step - s.full_steps
     return after >= 0 and after % s.refresh_every != 0
 
 
-def window_of(config: TokenMergeConfig) -> int:
+def window_of(config: TokenMergeConfig, steps: int | None = None) -> int:
     """Tokens per window: one of them recomputed per cached step."""
-    return max(1, round(1 / settings(config).recompute))
+    return max(1, round(1 / settings(config, steps).recompute))
 
 
 def select(change: torch.Tensor, window: int, offset: int = 0, count: int | None = None) -> torch.Tensor:
@@ -474,7 +493,7 @@ class TokenCache(Method):
         if generation.ran:
             generation.steps += 1
             generation.ran = False
-        generation.full = not cached_step(config, generation.steps) or not generation.outputs
+        generation.full = not cached_step(config, generation.steps, generation.schedule) or not generation.outputs
 
     def act(self, config: TokenMergeConfig, facts: BlockFacts) -> BlockAction:
         generation: Generation = facts.generation
@@ -527,7 +546,7 @@ class TokenCache(Method):
         last.thaw()
         before = last.read(x.dtype)
         change = (x - before).float().norm(dim=-1) / before.float().norm(dim=-1).clamp_min(1e-6)
-        window = window_of(config)
+        window = window_of(config, generation.schedule)
         selection = select(change, window, *(shard.windows(window) if shard is not None else (0, None)))
         at = selection[..., None].expand(-1, -1, x.shape[-1])
         last.write(1, at, x.gather(1, at))
@@ -536,12 +555,12 @@ class TokenCache(Method):
         return selection
 
     def acting_steps(self, config: TokenMergeConfig, steps: int) -> list[int]:
-        return [i for i in range(steps) if cached_step(config, i)]
+        return [i for i in range(steps) if cached_step(config, i, steps)]
 
     def short_schedule(self, config: TokenMergeConfig, steps: int) -> str | None:
         if self.acting_steps(config, steps):
             return None
-        s = settings(config)
+        s = settings(config, steps)
         said = (
             f"method='tokencache' computes the first full_steps={s.full_steps} step(s) of a generation fully, and one in "
             f"every refresh_every={s.refresh_every} after them; this schedule has {steps} step(s), so none is cached "

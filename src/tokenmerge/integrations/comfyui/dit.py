@@ -54,6 +54,13 @@ class DitCall:
     generation: Any = None  # a per-generation method's state of this call (one of its generations' slots)
 
 
+def _schedule_steps(options: Any) -> int | None:
+    """The steps of the sampler's schedule: its ``sample_sigmas`` in the call's transformer options, one step between
+    each two (their count, no host read); None where the sampler does not say."""
+    sigmas = options.get("sample_sigmas") if isinstance(options, dict) else None
+    return sigmas.numel() - 1 if isinstance(sigmas, torch.Tensor) and sigmas.ndim == 1 and sigmas.numel() > 1 else None
+
+
 def latent_shape(x: torch.Tensor, kwargs: dict[str, Any]) -> tuple[int, ...]:
     """The shape of the latent a call's grid comes from: ``x``'s, or, where the sampler packed several streams into one
     latent (LTX-2's video and audio, ``latent_shapes``), the first stream's: the video."""
@@ -96,13 +103,13 @@ class DitPatch(SharedPatch):
             per_generation = self.config.method_of.per_generation and not self.config.is_identity
             # the call's one host read (a device sync on a GPU), where the gate or a generation needs it
             values, read = comfy_step(sampling, t) if self.config.noise_limit < 1 or per_generation else (None, None)
+            options = args[1] if len(args) > 1 else kwargs.get("transformer_options")  # (control, transformer_options)
             if self.config.noise_limit < 1:
                 noise = self.step_noise(sampling, t, read)
-                options = args[1] if len(args) > 1 else kwargs.get("transformer_options")  # (control, transformer_options)
                 position = self.step_position(sampling, options, noise)
                 self.notice_gate(noise, position)
             if per_generation:
-                generation = self._generation(x, values, read)
+                generation = self._generation(x, values, read, _schedule_steps(options))
             facts = BlockFacts(level=1, top_level=1, grid=grid, noise=noise, position=position)
             action = decide(self.config, facts) if self.per_call else None
             call = DitCall(grid, text, action, noise, t if isinstance(t, torch.Tensor) else None, position, generation)
@@ -114,10 +121,10 @@ class DitPatch(SharedPatch):
 
     per_call = True  # one action per call (key/value methods); False: the patch decides per block
 
-    def _generation(self, x: torch.Tensor, values: list[float] | None, noise: float | None) -> Any:
+    def _generation(self, x: torch.Tensor, values: list[float] | None, noise: float | None, steps: int | None) -> Any:
         """The generation this call belongs to (this thread's, one per classifier-free guidance slot; a sampling run
-        of the patched model starts afresh and ends it, :meth:`sampling`), its call begun."""
-        return self.generations().begin_call(self.config, x, values, noise)
+        of the patched model starts afresh and ends it, :meth:`sampling`), its call begun; ``steps``: the sampler's."""
+        return self.generations().begin_call(self.config, x, values, noise, steps=steps)
 
     def generations(self) -> Any:
         """This thread's generations of a per-generation method (the store its ``new_generations`` makes)."""
