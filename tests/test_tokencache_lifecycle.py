@@ -183,7 +183,8 @@ def test_a_loop_of_ones_own_is_scoped_by_tokenmerge_generation():
 
 def test_the_webui_begins_a_generation_at_each_samplings_first_step(monkeypatch):
     """AUTOMATIC1111: the ``on_cfg_denoiser`` callback at a sampling's step 0 frees what the last generation held
-    (skipped or interrupted), so an img2img pass after it equals that pass alone."""
+    (skipped or interrupted), so an img2img pass after it equals that pass alone; its step count lets the presets
+    cache a few-step sampling from its second step."""
     import types
 
     from tokenmerge.integrations import webui
@@ -210,4 +211,9 @@ def test_the_webui_begins_a_generation_at_each_samplings_first_step(monkeypatch)
     alone = sample([0.5, 0.4, 0.3, 0.2])
     sample([1.0, 0.9, 0.8])  # skipped after three steps
     assert all(torch.equal(a, b) for a, b in zip(sample([0.5, 0.4, 0.3, 0.2]), alone))
+    # the presets on a 4-step sampling: the callback's step count caches it from its second step
+    tokenmerge.update_options(unet, recompute=None, full_steps=None, refresh_every=None)
+    few = sample([0.8, 0.6, 0.4, 0.2])
     tokenmerge.remove_patch(unet)
+    vanilla = sample([0.8, 0.6, 0.4, 0.2])
+    assert torch.equal(few[0], vanilla[0]) and not torch.equal(few[-1], vanilla[-1])

@@ -243,12 +243,14 @@ def get_config(model: Any) -> TokenMergeConfig | None:
     return next(iter(configs.values()), None)
 
 
-def end_generations(model: Any) -> None:
+def end_generations(model: Any, steps: int | None = None) -> None:
     """The generations of ``model``'s patched denoisers running in this thread are over: what a per-generation method
-    holds for them is freed, and the next call starts a new one. Front ends that know where a
-    generation begins or ends call it (the webui at each sampling's first step)."""
+    holds for them is freed, and the next call starts a new one. Front ends that know where a generation begins or
+    ends call it (the webui at each sampling's first step), with the steps of the one that begins where they know
+    them (a few-step schedule is cached from its second step)."""
     for _, state in _patched_states(model):
         state.end_generations()
+        state.known_steps = steps
 
 
 @contextlib.contextmanager

@@ -126,7 +126,7 @@ class BeginCall:
         schedule = self.patch.schedule()
         position = position_in(schedule[1], noise) if schedule is not None and noise is not None else None
         if position is None:
-            return self.patch.generations().begin_call(config, x, values, noise)
+            return self.patch.generations().begin_call(config, x, values, noise, steps=self.patch.known_steps)
         message = config.method_of.short_schedule(config, position.total)  # a schedule too short to act on: said once
         if message is not None:
             self.patch.notice("short schedule", message)

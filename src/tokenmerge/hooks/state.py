@@ -167,6 +167,7 @@ class PatchState:
         self.epoch = 0
         self.__setstate__({})
         self.pipeline: Any = None  # a weak reference to the diffusers pipeline patched with it (its scheduler's steps)
+        self.known_steps: int | None = None  # the steps of the generation a front end began (the webui's sampling)
 
     # -- options ---------------------------------------------------------------------------------------
 

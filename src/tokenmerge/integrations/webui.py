@@ -128,9 +128,10 @@ def forge_patcher(settings: Callable[[], dict[str, Any]]) -> type:
 
 def _at_step(shared: Any, params: Any) -> None:
     """AUTOMATIC1111's ``on_cfg_denoiser`` callback, before each step's denoiser call: a sampling's first step begins a
-    new generation (what an interrupted or skipped one held is freed; an img2img or hires pass after it starts afresh)."""
+    new generation of its ``total_sampling_steps`` (what an interrupted or skipped one held is freed; an img2img or
+    hires pass after it starts afresh)."""
     if getattr(params, "sampling_step", None) == 0 and getattr(shared, "sd_model", None) is not None:
-        end_generations(shared.sd_model)
+        end_generations(shared.sd_model, getattr(params, "total_sampling_steps", None))
 
 
 def install(shared: Any, script_callbacks: Any, sd_models: Any, gradio: Any) -> str | None:
