@@ -264,13 +264,18 @@ def test_the_family_pipeline_is_patched_whole(name, pipeline):
     import diffusers
 
     cls = getattr(diffusers, pipeline)
-    params = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+    signature = inspect.signature(cls.__init__).parameters
+    params = [p for p in signature if p not in ("self", "args", "kwargs")]
     model = build_model(name, small=True)
     slot = next(p for p in params if p in ("transformer", "unet"))
-    components = {p: None for p in params if p != slot}
+    # the components (and settings without a default, Krea 2's patch_size keeps its own) left out
+    components = {p: None for p in params if p != slot and signature[p].default is inspect.Parameter.empty}
     if pipeline.startswith("HunyuanVideo15"):  # its __init__ reads vae.config whenever a vae attribute exists (upstream)
         components["vae"] = _VaeStandIn()
-    pipe = cls(**components, **{slot: model})
+    try:
+        pipe = cls(**components, **{slot: model})
+    except (ImportError, NameError) as error:  # an optional dependency its __init__ needs (Cosmos' guardrail, torchvision)
+        pytest.skip(f"{pipeline} cannot be built here: {error}")
     tokenmerge.apply_patch(pipe, method="auto")
     assert tokenmerge.get_config(model) is not None and tokenmerge.get_config(pipe).method == "auto"
     tokenmerge.remove_patch(pipe)

@@ -280,6 +280,8 @@ class FollowSpan(_SpanHook):
         self.argument = argument  # families.base.Argument of the attention's forward
 
     def _gather(self, t: Any, plan: TokenSpan, layout: TokenLayout, module: torch.nn.Module) -> Any:
+        if isinstance(t, (tuple, list)):  # a nested table (Allegro's (t, h, w) position rows)
+            return type(t)(self._gather(u, plan, layout, module) for u in t)
         if not isinstance(t, torch.Tensor):
             return t
         dim = self.follow.dim % t.ndim
