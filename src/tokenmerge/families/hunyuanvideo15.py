@@ -36,12 +36,14 @@ ROTARY = Follow("image_rotary_emb", dim=0, stream="image")
 
 
 class VideoAndContext:
-    """[video; context]: the grid of ``hidden_states`` (B, C, F, H, W), the context's length summed over the three
-    sequences the model concatenates."""
+    """[video; context]: the grid of ``hidden_states`` (B, C, F, H, W), the context's length summed over the
+    ``contexts`` sequences the model concatenates (HunyuanVideo 1.5's three; Motif-Video's vision tokens and text)."""
 
-    def __init__(self, root: torch.nn.Module) -> None:
+    def __init__(
+        self, root: torch.nn.Module, contexts: tuple[str, ...] = ("encoder_hidden_states", "encoder_hidden_states_2", "image_embeds")
+    ) -> None:
         self.tokens = Argument(root, "hidden_states")
-        self.contexts = [Argument(root, name) for name in ("encoder_hidden_states", "encoder_hidden_states_2", "image_embeds")]
+        self.contexts = [Argument(root, name) for name in contexts]
         self.patch = (root.config.patch_size_t, root.config.patch_size, root.config.patch_size)
 
     def __call__(self, args: tuple, kwargs: dict) -> TokenLayout | None:

@@ -29,30 +29,12 @@ import dataclasses
 
 import torch
 
-from ..algorithms import TokenGrid, TokenLayout
 from . import Family
-from .base import Argument, BlockLayout, Container, DenoiserLayout, Follow, joint_block, single_stream_block, text_length
+from .base import BlockLayout, Container, DenoiserLayout, Follow, joint_block, single_stream_block
+from .hunyuanvideo15 import VideoAndContext
 
 ROTARY = Follow("image_rotary_emb", dim=0, stream="image")
 MASK = Follow("attention_mask", dim=-1, stream="joint")
-
-
-class VideoAndContext:
-    """[video; context]: the grid of ``hidden_states`` (B, C, F, H, W); the context, the vision tokens and the text."""
-
-    def __init__(self, root: torch.nn.Module) -> None:
-        self.tokens = Argument(root, "hidden_states")
-        self.contexts = [Argument(root, name) for name in ("encoder_hidden_states", "image_embeds")]
-        self.patch = (root.config.patch_size_t, root.config.patch_size, root.config.patch_size)
-
-    def __call__(self, args: tuple, kwargs: dict) -> TokenLayout | None:
-        x = self.tokens(args, kwargs)
-        if not isinstance(x, torch.Tensor) or x.ndim != 5:
-            return None
-        pt, p, _ = self.patch
-        grid = TokenGrid((x.shape[2] // pt, x.shape[3] // p, x.shape[4] // p), patch=self.patch)
-        context = sum(text_length(read(args, kwargs)) for read in self.contexts)
-        return TokenLayout.joint(("image", "text"), grid, context)
 
 
 def _single(block: torch.nn.Module) -> BlockLayout:
@@ -71,7 +53,12 @@ def layout(module: torch.nn.Module) -> DenoiserLayout | None:
     blocks += [_single(b) for b in singles[: len(singles) - module.config.num_decoder_layers]]
     if not blocks:
         return None
-    return DenoiserLayout(module, [Container(module, blocks, 1, VideoAndContext(module))], "motif-video", single_level=True)
+    return DenoiserLayout(
+        module,
+        [Container(module, blocks, 1, VideoAndContext(module, ("encoder_hidden_states", "image_embeds")))],
+        "motif-video",
+        single_level=True,
+    )
 
 
 FAMILY = Family(
