@@ -99,6 +99,15 @@ def test_autos_default_reduces_only_the_low_noise_steps(name):
     assert any(k.shape[-2] < k0.shape[-2] for (_, k0, _), (_, k, _) in zip(vanilla_low, reduced))
 
 
+def _over_the_image(q: torch.Tensor, k: torch.Tensor, layout) -> bool:
+    """Whether an attention call attends over the image: a self or joint attention (queries and keys of one
+    sequence, at least the image's length), or the image's queries over a stream's keys (PRX: the text is keys
+    only)."""
+    if k.shape[-2] == q.shape[-2]:
+        return k.shape[-2] >= layout.grid.numel
+    return q.shape[-2] == layout.grid.numel and k.shape[-2] in {layout.stream(s).total for s in ("joint", "image", "target")}
+
+
 @pytest.mark.parametrize("name,references", _with_references())
 @pytest.mark.parametrize("method", ["todo", "auto"])
 def test_keys_and_values_of_the_image_only_are_downsampled(name, references, method):
@@ -118,7 +127,7 @@ def test_keys_and_values_of_the_image_only_are_downsampled(name, references, met
     reduced = []
     for i, ((q0, k0, _), (q, k, _)) in enumerate(zip(vanilla, patched)):
         assert q.shape == q0.shape  # queries keep every token
-        if k0.shape[-2] == q0.shape[-2] and k0.shape[-2] >= grid.numel:  # a self or joint attention over the image
+        if _over_the_image(q0, k0, layout):
             assert k.shape[-2] == k0.shape[-2] - grid.numel + keep.numel()
             reduced.append(i)
         else:
@@ -139,13 +148,15 @@ def test_tome_merges_the_image_tokens_only(name, references):
     inputs = inputs_of(name, references=references)
     vanilla = attention_calls(name, inputs)
     with tokenmerge.patched(model_of(name), ratio=0.5):
-        grid = call_layout(name, inputs).grid
+        layout = call_layout(name, inputs)
         patched = attention_calls(name, inputs)
+    grid = layout.grid
     r = int(grid.numel * 0.5)
     merged = 0
     for (q0, k0, _), (q, k, _) in zip(vanilla, patched):
-        if k0.shape[-2] == q0.shape[-2] and q0.shape[-2] >= grid.numel:
-            assert q.shape[-2] == k.shape[-2] == q0.shape[-2] - r  # r image tokens fewer; text and references all there
+        if _over_the_image(q0, k0, layout):
+            # r image tokens fewer among the queries and the keys; text and references all there
+            assert q.shape[-2] == q0.shape[-2] - r and k.shape[-2] == k0.shape[-2] - r
             merged += 1
     assert merged
 
