@@ -66,6 +66,22 @@ def test_sana_is_refused_with_its_reason():
     assert tokenmerge.get_config(model) is None
 
 
+def test_a_method_its_family_does_not_offer_is_refused_with_why():
+    """NucleusMoE-Image is patched for tome, todo and auto; the token cache is refused at the patch (and by
+    update_options), naming the method, the reason and the methods offered, the model left as it was."""
+    from tokenmerge.tools.architectures import build_model
+
+    model = build_model("nucleusmoe-image", small=True)
+    with pytest.raises(ValueError, match=r"method='tokencache' is not offered on NucleusMoE-Image: its experts .* one of tome, todo, auto"):
+        tokenmerge.apply_patch(model, method="tokencache")
+    assert tokenmerge.get_config(model) is None
+    with tokenmerge.patched(model, method="todo"):
+        with pytest.raises(ValueError, match="not offered"):
+            tokenmerge.update_options(model, method="tokencache")
+        assert tokenmerge.get_config(model).method == "todo"
+    assert "| NucleusMoE-Image | `NucleusMoEImageTransformer2DModel` | yes | yes | yes | no |" in matrix()
+
+
 def test_an_unsupported_model_lists_the_supported_families():
     with pytest.raises(TypeError, match=r"Supported families: .*Flux\.2"):
         tokenmerge.apply_patch(torch.nn.Linear(2, 2))

@@ -28,7 +28,7 @@ from tokenmerge.tools.work import count
 
 from conftest import build_ldm_unet, hook_count, ldm_inputs, model_of, sample_of
 
-EXAMPLES = tuple(examples())
+EXAMPLES = tuple(name for name, (family, _) in examples().items() if "tokencache" in family.methods)
 LATENT = (18, 14)  # a 9x7 token grid: odd and not square
 OPTIONS = dict(method="tokencache", recompute=0.25, full_steps=1, refresh_every=3)
 FULL, CACHED = (0, 1, 4), (2, 3, 5)  # of a 6-call generation under OPTIONS

@@ -89,8 +89,15 @@ def _warn_if_unreachable(states: list[PatchState], config: TokenMergeConfig) -> 
 
 
 def _check_for_layouts(config: TokenMergeConfig, states_or_layouts: list[Any]) -> None:
-    """Options that have no effect on a model are rejected, not ignored."""
+    """Options that have no effect on a model are rejected, not ignored; a method its family does not offer, with why."""
     layouts = [getattr(x, "layout", x) for x in states_or_layouts]
+    for layout in layouts:
+        family = get(layout.family)
+        if config.method not in family.methods:
+            raise ValueError(
+                f"method={config.method!r} is not offered on {family.title}: {family.unsupported}; method must be one of "
+                f"{', '.join(family.methods)} there"
+            )
     single = [layout for layout in layouts if layout.single_level]
     if single and config.max_downsample is not None:
         raise ValueError(

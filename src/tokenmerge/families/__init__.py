@@ -55,7 +55,8 @@ class Family:
     matches: Callable[[torch.nn.Module], bool] | None = None  # structural test, for families without a class list
     pipelines: tuple[str, ...] = ()  # diffusers pipelines whose denoiser is of this family
     front_ends: tuple[str, ...] = ("diffusers",)
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = METHODS  # the methods it is patched for (apply_patch refuses the others)
+    unsupported: str = ""  # why the other methods are not offered
     cross_attention: bool = False  # a separate text cross-attention exists (merge_crossattn means something)
     refused: str | None = None  # why this family is not patched
     notes: str = ""  # how a call's grid, text and positions are read (support matrix, docs)
