@@ -201,36 +201,44 @@ def test_an_attention_that_uses_its_rotary_table_another_way_falls_back_to_one_p
     assert len(found) == 1 and "one matching serves the whole batch" in found[0]
 
 
-@pytest.mark.parametrize("name", ["HunyuanDiT2DModel", "AuraFlowTransformer2DModel"])
+@pytest.mark.parametrize("name", ["StableAudioDiTModel", "UVit2DModel"])
 def test_a_model_no_family_describes_is_refused_saying_so_and_why(name):
-    """HunyuanDiT's and AuraFlow's transformers hold transformer blocks, but no family module describes where their
-    image, text and positions sit: refused as unsupported, with the reason (never patched with a guessed layout)."""
+    """Stable Audio's DiT and aMUSEd's U-ViT hold transformer blocks, but no family module describes where their
+    tokens, text and positions sit (an audio model; a masked-token image model): refused as unsupported, with the
+    reason (never patched with a guessed layout)."""
     import diffusers
 
     small = {
-        "HunyuanDiT2DModel": dict(
-            num_attention_heads=2,
-            attention_head_dim=8,
+        "StableAudioDiTModel": dict(
+            sample_size=8,
             in_channels=4,
-            patch_size=2,
-            num_layers=2,
-            cross_attention_dim=16,
-            cross_attention_dim_t5=16,
-            pooled_projection_dim=8,
-            text_len=4,
-            text_len_t5=4,
-            sample_size=8,
-            hidden_size=16,
-        ),
-        "AuraFlowTransformer2DModel": dict(
-            sample_size=8,
-            num_mmdit_layers=1,
-            num_single_dit_layers=1,
+            num_layers=1,
             attention_head_dim=8,
             num_attention_heads=2,
-            joint_attention_dim=16,
-            caption_projection_dim=16,
-            pos_embed_max_size=16,
+            num_key_value_attention_heads=1,
+            out_channels=4,
+            cross_attention_dim=16,
+            time_proj_dim=8,
+            global_states_input_dim=8,
+            cross_attention_input_dim=8,
+        ),
+        "UVit2DModel": dict(
+            hidden_size=32,
+            cond_embed_dim=16,
+            micro_cond_encode_dim=4,
+            micro_cond_embed_dim=20,
+            encoder_hidden_size=16,
+            vocab_size=10,
+            codebook_size=8,
+            in_channels=16,
+            block_out_channels=16,
+            num_res_blocks=1,
+            downsample=False,
+            upsample=False,
+            block_num_heads=2,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
         ),
     }[name]
     model = getattr(diffusers, name)(**small)

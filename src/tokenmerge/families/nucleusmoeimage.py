@@ -1,5 +1,5 @@
 """NucleusMoE-Image (``NucleusMoEImageTransformer2DModel``): blocks whose image queries attend to [image; text] keys,
-with an expert-choice mixture-of-experts feed-forward. ``method="tokencache"`` is not offered (the reason below).
+with an expert-choice mixture-of-experts feed-forward. Caching tokens across steps is not offered (the reason below).
 
 ``NucleusMoEImageTransformerBlock``: the image stream alone runs through each block; its attention (``attn``)
 projects the image's queries, keys and values and the block's projection of the text to keys and values (the text
