@@ -10,16 +10,18 @@ import torch
 import tokenmerge
 from tokenmerge.families import families, family_of, get
 from tokenmerge.tools.cli import main
-from tokenmerge.tools.support import BEGIN, END, matrix, readme_block
+from tokenmerge.tools.support import BEGIN, END, docs_block, matrix, readme_block
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_readme_matrix_is_the_registry_matrix():
-    text = README.read_text()
-    assert BEGIN in text and END in text, "the README must hold the generated support matrix"
+@pytest.mark.parametrize("page,block", [(README, readme_block), (README.parent / "docs" / "support.md", docs_block)])
+def test_readme_matrix_is_the_registry_matrix(page, block):
+    """The README's summary (families alike in one row) and docs/support.md's whole matrix are the registry's."""
+    text = page.read_text()
+    assert BEGIN in text and END in text, f"{page.name} must hold the generated support matrix"
     found = text[text.index(BEGIN) : text.index(END) + len(END)]
-    assert found == readme_block(), "README's support matrix is stale: paste the output of `tokenmerge support`"
+    assert found == block(), f"{page.name}'s support matrix is stale: run `tokenmerge support --write-readme README.md`"
 
 
 def test_support_command_prints_every_family(capsys):

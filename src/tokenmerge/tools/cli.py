@@ -543,7 +543,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the support matrix (model family x method x front end, with the classes) from the family registry",
     )
     support.add_argument("--notes", action="store_true", help="add how each family's token grid, text and positions are read")
-    support.add_argument("--write-readme", metavar="README", help="replace the matrix between the README's markers instead of printing")
+    support.add_argument(
+        "--write-readme",
+        metavar="README",
+        help="write the README's summary and docs/support.md's matrix between their markers instead of printing",
+    )
     support.set_defaults(func=_support)
     options = commands.add_parser("options", help="print every option: its method, default, accepted values and what it does")
     options.add_argument("--write-docs", metavar="PAGE", help="replace the table between the page's markers instead of printing")

@@ -1,7 +1,7 @@
 """``tokenmerge support``: the support matrix (family x method x front end, with the classes), from the registry.
 
-The README's matrix is this command's output between two markers (a test keeps them equal), so adding a family
-module updates both.
+The README holds a summary of the matrix (families alike in one row) and docs/support.md the whole of it, each between
+two markers (tests keep them equal), so adding a family module updates both.
 """
 
 from __future__ import annotations
@@ -45,8 +45,30 @@ def _cell(family: Family, method: str, ends: list[str]) -> str:
     return "yes" if where == ends else f"yes ({', '.join(where)})" if where else "no"
 
 
+def summary() -> str:
+    """The README's table: the families whose cells are alike in one row, refused ones in the last (their classes
+    and reasons: the full matrix, docs/support.md)."""
+    header = ["families", *METHODS, "front ends"]
+    groups: dict[tuple[str, ...], list[str]] = {}
+    refused: list[str] = []
+    for row in matrix().split("\n")[2:]:
+        title, _, *cells = [c.strip() for c in row.strip("|").split(" | ")]
+        if cells[0].startswith("refused"):
+            refused.append(title)
+        else:
+            groups.setdefault(tuple(cells), []).append(title)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join([", ".join(titles), *cells]) + " |" for cells, titles in groups.items()]
+    lines.append("| " + " | ".join([", ".join(refused), "refused, each with its reason", *[""] * (len(METHODS) - 1), "-"]) + " |")
+    return "\n".join(lines)
+
+
 def readme_block() -> str:
-    return f"{BEGIN}\n{matrix()}\n{END}"
+    return f"{BEGIN}\n{summary()}\n{END}"
+
+
+def docs_block() -> str:
+    return f"{BEGIN}\n{matrix(notes=True)}\n{END}"
 
 
 def write_between(path: str, begin: str, end: str, block: str) -> bool:
@@ -64,5 +86,9 @@ def write_between(path: str, begin: str, end: str, block: str) -> bool:
 
 
 def write_readme(path: str) -> bool:
-    """Put the current matrix between the markers of the README at ``path``; True if it changed."""
-    return write_between(path, BEGIN, END, readme_block())
+    """Put the current tables between the markers of the README at ``path`` (the summary) and of docs/support.md
+    beside it (the full matrix, with how each family's call is read); True if either changed."""
+    from pathlib import Path
+
+    docs = Path(path).parent / "docs" / "support.md"
+    return write_between(path, BEGIN, END, readme_block()) | write_between(str(docs), BEGIN, END, docs_block())
