@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from . import Example
+from .cogvideox import CONFIG as COGVIDEOX
 
 FACE_TOKENS = 577  # EVA-CLIP ViT-L/14 at 336 px: 24 x 24 patches and the class token, at each of its LFE_num_scale layers
 
@@ -44,30 +45,8 @@ def first_blocks(config: dict[str, Any], n: int) -> dict[str, Any]:
 
 # transformer/config.json of BestWishYsh/ConsisID-preview (CogVideoX-5B-I2V's width and depth, with the face modules).
 CONFIG = {
-    "num_attention_heads": 48,
-    "attention_head_dim": 64,
+    **COGVIDEOX,
     "in_channels": 32,
-    "out_channels": 16,
-    "flip_sin_to_cos": True,
-    "freq_shift": 0,
-    "time_embed_dim": 512,
-    "text_embed_dim": 4096,
-    "num_layers": 42,
-    "dropout": 0.0,
-    "attention_bias": True,
-    "sample_width": 90,
-    "sample_height": 60,
-    "sample_frames": 49,
-    "patch_size": 2,
-    "temporal_compression_ratio": 4,
-    "max_text_seq_length": 226,
-    "activation_fn": "gelu-approximate",
-    "timestep_activation_fn": "silu",
-    "norm_elementwise_affine": True,
-    "norm_eps": 1e-5,
-    "spatial_interpolation_scale": 1.875,
-    "temporal_interpolation_scale": 1.0,
-    "use_rotary_positional_embeddings": True,
     "use_learned_positional_embeddings": True,
     "is_train_face": True,
     "is_kps": False,
